@@ -1,0 +1,48 @@
+/* mha: SIMD-optimized CPU runtime for multi-head attention. The stable C ABI.
+ *
+ * All tensors are float32, contiguous, row-major. Every function returns mha_status; on failure
+ * mha_last_error() gives a message for the calling thread, and no output buffer is written.
+ * No C++ exception ever crosses this boundary. */
+#ifndef MHA_MHA_H
+#define MHA_MHA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mha_status {
+    MHA_OK = 0,
+    MHA_INVALID_ARGUMENT = 1,
+    MHA_OUT_OF_MEMORY = 2,
+    MHA_UNSUPPORTED = 3,
+    MHA_INTERNAL = 4
+} mha_status;
+
+/* The message of the last failed call made by this thread ("" if none). Valid until the next call
+ * into mha from the same thread. */
+const char *mha_last_error(void);
+
+/* A runtime owns a thread arena of num_threads (0 = all hardware threads), the tile config, and
+ * per-thread scratch. Many host threads may call one runtime at the same time.
+ * The ISA is picked from the CPU; the environment variable MHA_ISA=avx2|avx512 overrides it
+ * (MHA_UNSUPPORTED if the CPU lacks it). */
+typedef struct mha_runtime mha_runtime;
+mha_status mha_runtime_create(int num_threads, mha_runtime **out);
+void mha_runtime_destroy(mha_runtime *rt); /* NULL is fine */
+
+/* C = alpha * op(A) * op(B) + beta * C, row-major; trans is 'N' or 'T'.
+ * op(A) is m x k, op(B) is k x n. beta == 0 means C is not read (NaN in C is overwritten).
+ * Leading dimensions count floats between rows of the stored matrix: lda >= k for 'N' A (m x k),
+ * lda >= m for 'T' A (stored k x m); likewise ldb, and ldc >= n. Elements of C outside the m x n
+ * window are never written. The result is bitwise identical for any thread count. */
+mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MHA_MHA_H */

@@ -1,0 +1,39 @@
+// Tile sizes for every kernel, resolved once per runtime. Defaults come from the detected cache
+// sizes (see tile_config.cpp for the reasoning); the tuner writes its own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mha/isa.hpp"
+
+namespace mha {
+
+struct CacheSizes {
+    int64_t l1d = 48 * 1024;   // bytes, per core
+    int64_t l2 = 2048 * 1024;  // bytes, per core
+    int64_t l3 = 32 << 20;     // bytes, shared
+};
+
+struct TileConfig {
+    // GEMM microkernel variant, by name from the kernel list ("avx512_14x32", "avx2_6x16", ...).
+    std::string gemm_ukernel;
+    int64_t mc = 0;  // rows of the packed A block (multiple of MR)
+    int64_t kc = 0;  // depth of a packed block
+    int64_t nc = 0;  // columns of the packed B block (multiple of NR)
+    // Small-problem ("sup") path: no packing of A when op(B) has at most sup_max_n columns, or when
+    // the depth is at most sup_max_k and the whole A fits in half of L2.
+    int64_t sup_max_n = 0;
+    int64_t sup_max_k = 0;
+
+    // Throws mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
+    void validate(Isa isa) const;
+};
+
+// The CPU's cache sizes, from sysconf (falling back to the defaults above).
+CacheSizes detect_cache_sizes();
+
+// The default tiles for an ISA on a machine with these caches.
+TileConfig default_tile_config(Isa isa, const CacheSizes &caches);
+
+} // namespace mha

@@ -1,0 +1,34 @@
+// Argument checks shared by the GEMM entry points.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mha/error.hpp"
+
+namespace mha::gemm {
+
+// Checks a stored rows x cols matrix with leading dimension ld: ld >= max(1, cols), the extent
+// (rows - 1) * ld + cols fits in int64 and in the address space, and data is not NULL when the
+// call reads or writes it (used). name is the argument's name in messages ("a", "lda", ...).
+inline void check_matrix(const char *name, const char *ld_name, const void *data, int64_t rows,
+                         int64_t cols, int64_t ld, bool used = true) {
+    const int64_t min_ld = cols > 1 ? cols : 1;
+    if (ld < min_ld)
+        invalid_argument(std::string(ld_name) + " = " + std::to_string(ld) + " is too small: it must be >= " +
+                         std::to_string(min_ld));
+    if (rows == 0 || cols == 0) return;
+    int64_t extent;
+    if (__builtin_mul_overflow(rows - 1, ld, &extent) || __builtin_add_overflow(extent, cols, &extent) ||
+        extent > INT64_MAX / 4)
+        invalid_argument(std::string(name) + ": " + std::to_string(rows) + " rows with " + ld_name + " = " +
+                         std::to_string(ld) + " overflow the address space");
+    if (used && !data) invalid_argument(std::string(name) + " is NULL but holds " + std::to_string(rows) + " x " +
+                                std::to_string(cols) + " elements");
+}
+
+inline void check_size(const char *name, int64_t v) {
+    if (v < 0) invalid_argument(std::string(name) + " = " + std::to_string(v) + " is negative");
+}
+
+} // namespace mha::gemm

@@ -1,0 +1,87 @@
+#include "runtime/runtime_state.hpp"
+
+#include <tbb/info.h>
+
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <thread>
+
+namespace mha {
+namespace detail {
+
+AlignedBuffer::AlignedBuffer(size_t count) { reserve(count); }
+
+void AlignedBuffer::Free::operator()(float *p) const noexcept { std::free(p); }
+
+void AlignedBuffer::reserve(size_t count) {
+    if (count <= size_) return;
+    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    float *p = static_cast<float *>(std::aligned_alloc(64, bytes));
+    if (!p) throw Error(Status::out_of_memory, "out of memory allocating " + std::to_string(bytes) + " bytes of scratch");
+    data_.reset(p);
+    size_ = count;
+}
+
+BufferPool::Lease BufferPool::borrow(size_t count) {
+    std::unique_ptr<AlignedBuffer> buf;
+    {
+        std::lock_guard lock(mutex_);
+        if (!free_.empty()) {
+            buf = std::move(free_.back());
+            free_.pop_back();
+        }
+    }
+    if (!buf) buf = std::make_unique<AlignedBuffer>();
+    buf->reserve(count);
+    return Lease(*this, std::move(buf));
+}
+
+void BufferPool::give_back(std::unique_ptr<AlignedBuffer> buf) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(std::move(buf));
+}
+
+int RuntimeState::this_thread_slot() { return tbb::this_task_arena::current_thread_index(); }
+
+} // namespace detail
+
+namespace {
+
+Isa choose_isa(const RuntimeOptions &o) {
+    Isa isa;
+    if (o.isa) {
+        isa = *o.isa;
+    } else if (const char *env = std::getenv("MHA_ISA"); env && *env) {
+        auto parsed = parse_isa(env);
+        if (!parsed) invalid_argument(std::string("MHA_ISA='") + env + "' is not one of avx2, avx512");
+        isa = *parsed;
+    } else {
+        return best_isa();
+    }
+    if (!cpu_supports(isa)) throw Error(Status::unsupported, "this CPU does not support " + std::string(isa_name(isa)));
+    return isa;
+}
+
+} // namespace
+
+Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::RuntimeState>()) {
+    if (o.num_threads < 0) invalid_argument("num_threads must be >= 0 (0 = all hardware threads), got " + std::to_string(o.num_threads));
+    auto &s = *state_;
+    s.num_threads = o.num_threads ? o.num_threads : std::max(1, tbb::info::default_concurrency());
+    if (s.num_threads > 4096) invalid_argument("num_threads must be <= 4096, got " + std::to_string(o.num_threads));
+    s.isa = choose_isa(o);
+    s.tiles = o.tiles ? *o.tiles : default_tile_config(s.isa, detect_cache_sizes());
+    s.tiles.validate(s.isa);
+    s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
+    s.arena.initialize(s.num_threads);
+    s.slots = s.arena.max_concurrency();
+}
+
+Runtime::~Runtime() = default;
+
+int Runtime::num_threads() const { return state_->num_threads; }
+Isa Runtime::isa() const { return state_->isa; }
+const TileConfig &Runtime::tiles() const { return state_->tiles; }
+
+} // namespace mha

@@ -1,0 +1,70 @@
+// What a Runtime owns: its thread arena, its resolved tiles and kernels, and its scratch.
+#pragma once
+
+#include <tbb/task_arena.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/runtime.hpp"
+
+namespace mha::detail {
+
+// A 64-byte aligned float buffer.
+class AlignedBuffer {
+public:
+    AlignedBuffer() = default;
+    explicit AlignedBuffer(size_t count);
+    float *data() const { return data_.get(); }
+    size_t size() const { return size_; }
+    // Grows (never shrinks) to at least count floats; the contents are not kept.
+    void reserve(size_t count);
+
+private:
+    struct Free { void operator()(float *p) const noexcept; };
+    std::unique_ptr<float, Free> data_;
+    size_t size_ = 0;
+};
+
+// Buffers lent to one call at a time, so concurrent calls from many host threads never share one.
+class BufferPool {
+public:
+    class Lease {
+    public:
+        Lease(BufferPool &pool, std::unique_ptr<AlignedBuffer> buf) : pool_(pool), buf_(std::move(buf)) {}
+        ~Lease() { pool_.give_back(std::move(buf_)); }
+        Lease(const Lease &) = delete;
+        Lease &operator=(const Lease &) = delete;
+        float *data() const { return buf_->data(); }
+
+    private:
+        BufferPool &pool_;
+        std::unique_ptr<AlignedBuffer> buf_;
+    };
+    Lease borrow(size_t count);
+
+private:
+    void give_back(std::unique_ptr<AlignedBuffer> buf);
+    std::mutex mutex_;
+    std::vector<std::unique_ptr<AlignedBuffer>> free_;
+};
+
+struct RuntimeState {
+    int num_threads = 1;
+    Isa isa = Isa::avx2;
+    TileConfig tiles;
+    const gemm::SgemmKernel *sgemm = nullptr;
+    tbb::task_arena arena;
+    // Scratch is borrowed per call, all of it before the call writes anything, so running out of
+    // memory never leaves an output half written. A call splits its per-thread part by arena slot:
+    // threads inside one arena have distinct slots, and task bodies never block inside TBB.
+    BufferPool pool;
+    int slots = 1;  // arena slots, including the host thread's
+
+    static int this_thread_slot();
+};
+
+} // namespace mha::detail

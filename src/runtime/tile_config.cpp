@@ -1,0 +1,66 @@
+#include "mha/tile_config.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/error.hpp"
+
+namespace mha {
+
+CacheSizes detect_cache_sizes() {
+    CacheSizes c;
+    // sysconf reads cpuid leaf 4 on glibc; a 0 or -1 (unknown, e.g. in some VMs) keeps the default.
+    if (long v = sysconf(_SC_LEVEL1_DCACHE_SIZE); v > 0) c.l1d = v;
+    if (long v = sysconf(_SC_LEVEL2_CACHE_SIZE); v > 0) c.l2 = v;
+    if (long v = sysconf(_SC_LEVEL3_CACHE_SIZE); v > 0) c.l3 = v;
+    return c;
+}
+
+namespace {
+int64_t round_down(int64_t x, int64_t m) { return std::max(m, x / m * m); }
+} // namespace
+
+TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
+    const auto &uk = gemm::default_sgemm_kernel(isa);
+    constexpr int64_t f = sizeof(float);
+    TileConfig t;
+    t.gemm_ukernel = uk.name;
+    // KC: the KC x NR micro-panel of B stays in L1 while the IR loop streams MR x KC micro-panels
+    // of A past it (Low et al. 2016). Give B half of L1 and leave the rest to A and C:
+    // 48 KiB L1, NR = 32 -> KC = 192. Larger KC halves the C-tile traffic but evicts B; the tuner
+    // measures both.
+    t.kc = std::clamp<int64_t>(round_down(caches.l1d / 2 / (uk.nr * f), 8), 64, 1024);
+    // MC: the MC x KC block of A takes half of L2, the other half holds B micro-panels and C lines.
+    // 2 MiB L2, KC = 192 -> MC = 1358 (a multiple of MR = 14).
+    t.mc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.mr), uk.mr, 4096 / uk.mr * uk.mr);
+    // NC: the KC x NC block of B lives in a quarter of L3 (shared with other cores); capped at 4096
+    // columns so the packing buffer stays a few MiB.
+    t.nc = std::clamp<int64_t>(round_down(caches.l3 / 4 / (t.kc * f), uk.nr), uk.nr, 4096 / uk.nr * uk.nr);
+    // Small problems: with few columns (P.V with Dv <= 64) or a short depth (Q.K^T with Dqk <= KC),
+    // packing A costs as much as the product itself, so A is read in place.
+    t.sup_max_n = 2 * uk.nr;
+    t.sup_max_k = t.kc;
+    return t;
+}
+
+void TileConfig::validate(Isa isa) const {
+    const auto *uk = gemm::find_sgemm_kernel(gemm_ukernel);
+    if (!uk) invalid_argument("tile config: gemm_ukernel '" + gemm_ukernel + "' is not a known microkernel");
+    if (uk->isa != isa)
+        invalid_argument("tile config: gemm_ukernel '" + gemm_ukernel + "' is for " +
+                         std::string(isa_name(uk->isa)) + ", but the runtime uses " + std::string(isa_name(isa)));
+    auto check = [](bool ok, const char *field, const std::string &why) {
+        if (!ok) invalid_argument(std::string("tile config: ") + field + " " + why);
+    };
+    check(kc >= 1 && kc <= 16384, "kc", "must be in [1, 16384]");
+    check(mc >= uk->mr && mc <= 65536 && mc % uk->mr == 0, "mc",
+          "must be a multiple of MR = " + std::to_string(uk->mr) + " in [MR, 65536]");
+    check(nc >= uk->nr && nc <= 65536 && nc % uk->nr == 0, "nc",
+          "must be a multiple of NR = " + std::to_string(uk->nr) + " in [NR, 65536]");
+    check(sup_max_n >= 0 && sup_max_n <= 65536, "sup_max_n", "must be in [0, 65536]");
+    check(sup_max_k >= 0 && sup_max_k <= 65536, "sup_max_k", "must be in [0, 65536]");
+}
+
+} // namespace mha

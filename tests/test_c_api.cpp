@@ -1,0 +1,101 @@
+// The C ABI: statuses, per-thread messages, and bad input that must leave C untouched.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mha/mha.h"
+
+namespace {
+
+struct RuntimeGuard {
+    mha_runtime *rt = nullptr;
+    explicit RuntimeGuard(int threads) { REQUIRE(mha_runtime_create(threads, &rt) == MHA_OK); }
+    ~RuntimeGuard() { mha_runtime_destroy(rt); }
+};
+
+bool contains(const char *haystack, const char *needle) { return std::string(haystack).find(needle) != std::string::npos; }
+
+} // namespace
+
+TEST_CASE("runtime create/destroy") {
+    mha_runtime *rt = nullptr;
+    CHECK(mha_runtime_create(0, &rt) == MHA_OK);
+    CHECK(rt != nullptr);
+    mha_runtime_destroy(rt);
+    mha_runtime_destroy(nullptr);
+    CHECK(mha_runtime_create(-1, &rt) == MHA_INVALID_ARGUMENT);
+    CHECK(rt == nullptr);
+    CHECK(contains(mha_last_error(), "num_threads"));
+    CHECK(mha_runtime_create(1, nullptr) == MHA_INVALID_ARGUMENT);
+    CHECK(contains(mha_last_error(), "out"));
+}
+
+TEST_CASE("MHA_ISA selects or refuses an ISA") {
+    mha_runtime *rt = nullptr;
+    setenv("MHA_ISA", "sse9", 1);
+    CHECK(mha_runtime_create(1, &rt) == MHA_INVALID_ARGUMENT);
+    CHECK(contains(mha_last_error(), "MHA_ISA"));
+    setenv("MHA_ISA", "avx2", 1);
+    CHECK(mha_runtime_create(1, &rt) == MHA_OK);
+    mha_runtime_destroy(rt);
+    unsetenv("MHA_ISA");
+}
+
+TEST_CASE("mha_sgemm computes, and every bad input gets a status and a message and leaves C untouched") {
+    RuntimeGuard g(2);
+    const float a[6] = {1, 2, 3, 4, 5, 6};    // 2 x 3
+    const float b[6] = {1, 0, 0, 1, 1, 1};    // 3 x 2
+    float c[4] = {9, 9, 9, 9};
+    REQUIRE(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2) == MHA_OK);
+    CHECK(c[0] == 4);
+    CHECK(c[1] == 5);
+    CHECK(c[2] == 10);
+    CHECK(c[3] == 11);
+
+    struct Bad {
+        const char *what;
+        mha_status status;
+        const char *message;
+    };
+    auto expect = [&](mha_status got, const char *needle) {
+        CHECK(got == MHA_INVALID_ARGUMENT);
+        CHECK_MESSAGE(contains(mha_last_error(), needle), mha_last_error());
+        for (float x : c) CHECK(x == 7.0f);
+    };
+    for (float &x : c) x = 7.0f;
+    expect(mha_sgemm(nullptr, 'N', 'N', 2, 2, 3, 1, a, 3, b, 2, 0, c, 2), "rt");
+    expect(mha_sgemm(g.rt, 'X', 'N', 2, 2, 3, 1, a, 3, b, 2, 0, c, 2), "transa");
+    expect(mha_sgemm(g.rt, 'N', 'n', 2, 2, 3, 1, a, 3, b, 2, 0, c, 2), "transb");
+    expect(mha_sgemm(g.rt, 'N', 'N', -1, 2, 3, 1, a, 3, b, 2, 0, c, 2), "m");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, -2, 3, 1, a, 3, b, 2, 0, c, 2), "n");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, -3, 1, a, 3, b, 2, 0, c, 2), "k");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, 2, b, 2, 0, c, 2), "lda");
+    expect(mha_sgemm(g.rt, 'T', 'N', 2, 2, 3, 1, a, 1, b, 2, 0, c, 2), "lda");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, 3, b, 1, 0, c, 2), "ldb");
+    expect(mha_sgemm(g.rt, 'N', 'T', 2, 2, 3, 1, a, 3, b, 2, 0, c, 2), "ldb");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, 3, b, 2, 0, c, 1), "ldc");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, nullptr, 3, b, 2, 0, c, 2), "a is NULL");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, 3, nullptr, 2, 0, c, 2), "b is NULL");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, 3, b, 2, 0, nullptr, 2), "c is NULL");
+    // Sizes whose extent overflows int64: checked before anything is read.
+    expect(mha_sgemm(g.rt, 'N', 'N', INT64_C(1) << 40, 2, INT64_C(1) << 40, 1, a, INT64_C(1) << 40, b, 2, 0, c, 2), "overflow");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, 2, 3, 1, a, INT64_MAX, b, 2, 0, c, 2), "overflow");
+    expect(mha_sgemm(g.rt, 'N', 'N', 2, INT64_C(1) << 62, 3, 1, a, 3, b, INT64_C(1) << 62, 0, c, INT64_C(1) << 62), "overflow");
+}
+
+TEST_CASE("mha_last_error is per thread") {
+    RuntimeGuard g(1);
+    float c[1] = {0};
+    CHECK(mha_sgemm(g.rt, 'Q', 'N', 1, 1, 1, 1, c, 1, c, 1, 0, c, 1) == MHA_INVALID_ARGUMENT);
+    std::string other;
+    std::thread t([&] {
+        mha_sgemm(g.rt, 'N', 'N', -5, 1, 1, 1, c, 1, c, 1, 0, c, 1);
+        other = mha_last_error();
+    });
+    t.join();
+    CHECK(contains(mha_last_error(), "transa"));
+    CHECK(contains(other.c_str(), "m = -5"));
+}

@@ -1,0 +1,269 @@
+// The GEMM against a double-precision reference: every microkernel the host supports, the tile
+// edges of each, both paths (packed and small-problem), transposes, alpha/beta, padded leading
+// dimensions, thread-count determinism, concurrent host threads and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <thread>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/gemm.hpp"
+#include "reference.hpp"
+#include "test_util.hpp"
+
+using namespace mha;
+using mha::test::kSentinel;
+
+namespace {
+
+struct GemmCase {
+    char ta = 'N', tb = 'N';
+    int64_t m = 1, n = 1, k = 1;
+    float alpha = 1.0f, beta = 0.0f;
+    int64_t pad_a = 0, pad_b = 0, pad_c = 0;  // extra columns in each leading dimension
+    bool nan_in_c = false;                   // with beta == 0 the NaN must be overwritten
+    uint32_t seed = 1;
+};
+
+std::string describe(const GemmCase &g) {
+    return std::string(1, g.ta) + g.tb + " m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+           " k=" + std::to_string(g.k) + " alpha=" + std::to_string(g.alpha) + " beta=" + std::to_string(g.beta) +
+           " pads=" + std::to_string(g.pad_a) + "," + std::to_string(g.pad_b) + "," + std::to_string(g.pad_c);
+}
+
+// Runs one case and checks every element against the double reference, and that nothing outside
+// the m x n window of C was written. Returns C (with padding) for bitwise comparisons.
+std::vector<float> check_gemm(Runtime &rt, const GemmCase &g) {
+    const int64_t a_rows = g.ta == 'N' ? g.m : g.k, a_cols = g.ta == 'N' ? g.k : g.m;
+    const int64_t b_rows = g.tb == 'N' ? g.k : g.n, b_cols = g.tb == 'N' ? g.n : g.k;
+    const int64_t lda = a_cols + g.pad_a, ldb = b_cols + g.pad_b, ldc = g.n + g.pad_c;
+    auto a = test::random_floats(static_cast<size_t>(a_rows * lda + 1), g.seed);
+    auto b = test::random_floats(static_cast<size_t>(b_rows * ldb + 1), g.seed + 7);
+    auto c = test::random_floats(static_cast<size_t>(g.m * ldc + 1), g.seed + 13);
+    for (int64_t i = 0; i < g.m; ++i)
+        for (int64_t j = g.n; j < ldc; ++j) c[static_cast<size_t>(i * ldc + j)] = kSentinel;
+    c.back() = kSentinel;
+    if (g.nan_in_c)
+        for (int64_t i = 0; i < g.m; ++i) c[static_cast<size_t>(i * ldc)] = std::numeric_limits<float>::quiet_NaN();
+
+    std::vector<double> want, mag;
+    ref::sgemm(g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(), ldb, g.beta, c.data(), ldc, want, mag);
+    sgemm(rt, static_cast<Trans>(g.ta), static_cast<Trans>(g.tb), g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(),
+          ldb, g.beta, c.data(), ldc);
+
+    const double eps = std::numeric_limits<float>::epsilon();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < g.m; ++i) {
+        for (int64_t j = 0; j < g.n; ++j) {
+            const size_t r = static_cast<size_t>(i * g.n + j);
+            const double got = c[static_cast<size_t>(i * ldc + j)];
+            const double tol = 2.0 * eps * static_cast<double>(g.k + 2) * mag[r] + 1e-30;
+            if (!(std::fabs(got - want[r]) <= tol) && bad++ < 3)
+                FAIL_CHECK(describe(g) << " at (" << i << "," << j << "): got " << got << " want " << want[r]);
+        }
+        for (int64_t j = g.n; j < ldc; ++j)
+            if (c[static_cast<size_t>(i * ldc + j)] != kSentinel && bad++ < 3)
+                FAIL_CHECK(describe(g) << ": padding of C written at (" << i << "," << j << ")");
+    }
+    CHECK_MESSAGE(c.back() == kSentinel, describe(g), ": wrote past the end of C");
+    CHECK_MESSAGE(bad == 0, describe(g));
+    return c;
+}
+
+// Every microkernel this CPU can run, with its ISA.
+std::vector<const gemm::SgemmKernel *> host_kernels() {
+    std::vector<const gemm::SgemmKernel *> v;
+    for (const auto &k : gemm::all_sgemm_kernels())
+        if (cpu_supports(k.isa)) v.push_back(&k);
+    return v;
+}
+
+// A runtime on this kernel with small blocks, so modest sizes cross every MC/KC/NC boundary.
+RuntimeOptions small_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+    RuntimeOptions o;
+    o.num_threads = threads;
+    o.isa = uk.isa;
+    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
+    t.gemm_ukernel = uk.name;
+    t.mc = 2 * uk.mr;
+    t.kc = 16;
+    t.nc = 2 * uk.nr;
+    t.sup_max_n = uk.nr;
+    t.sup_max_k = 8;
+    o.tiles = t;
+    return o;
+}
+
+RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+    RuntimeOptions o;
+    o.num_threads = threads;
+    o.isa = uk.isa;
+    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
+    t.gemm_ukernel = uk.name;
+    t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
+    t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
+    o.tiles = t;
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("the host runs at least one kernel, and every ISA it supports has a default") {
+    REQUIRE_FALSE(host_kernels().empty());
+    for (Isa isa : supported_isas()) {
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        CHECK(rt.isa() == isa);
+        CHECK(gemm::find_sgemm_kernel(rt.tiles().gemm_ukernel) != nullptr);
+    }
+}
+
+TEST_CASE("edge tiles: m, n, k at 1, below, at and above MR, NR, MC, KC, NC, on both paths") {
+    for (const auto *uk : host_kernels()) {
+        CAPTURE(uk->name);
+        Runtime rt(small_tiles(*uk));
+        const int64_t MR = uk->mr, NR = uk->nr;
+        std::vector<int64_t> ms, ns;
+        for (int64_t x = 1; x <= MR + 1; ++x) ms.push_back(x);
+        for (int64_t x : {2 * MR - 1, 2 * MR, 2 * MR + 1, 4 * MR + 3}) ms.push_back(x);
+        for (int64_t x : {int64_t{1}, int64_t{2}, NR - 1, NR, NR + 1, 2 * NR, 2 * NR + 1, 4 * NR + 5}) ns.push_back(x);
+        for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 33}) {
+            for (int64_t m : ms)
+                for (int64_t n : ns) {
+                    GemmCase g;
+                    g.m = m; g.n = n; g.k = k;
+                    g.seed = static_cast<uint32_t>(m * 1000 + n * 10 + k);
+                    check_gemm(rt, g);
+                }
+        }
+    }
+}
+
+TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN") {
+    for (const auto *uk : host_kernels()) {
+        CAPTURE(uk->name);
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
+            for (char ta : {'N', 'T'})
+                for (char tb : {'N', 'T'})
+                    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 0.25f}, {1.0f, -1.0f}})
+                        for (auto [m, n, k] : {std::tuple{37, 45, 29}, {uk->mr * 3, uk->nr * 2, 40}, {5, 130, 3}}) {
+                            GemmCase g;
+                            g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+                            g.alpha = alpha; g.beta = beta;
+                            g.nan_in_c = beta == 0.0f;
+                            check_gemm(rt, g);
+                        }
+        }
+    }
+}
+
+TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
+    const int64_t primes[] = {2, 3, 5, 13, 31, 61, 67, 127, 131, 193, 257, 293};
+    for (const auto *uk : host_kernels()) {
+        CAPTURE(uk->name);
+        Runtime rt(default_tiles(*uk, 2));
+        uint32_t seed = 3;
+        for (int64_t m : primes)
+            for (int64_t n : {int64_t{3}, int64_t{67}, int64_t{293}})
+                for (int64_t k : {int64_t{5}, int64_t{131}, int64_t{293}}) {
+                    GemmCase g;
+                    g.m = m; g.n = n; g.k = k;
+                    g.ta = (seed & 1) ? 'T' : 'N';
+                    g.tb = (seed & 2) ? 'T' : 'N';
+                    g.pad_a = seed % 5; g.pad_b = (seed / 5) % 3; g.pad_c = seed % 7;
+                    g.beta = (seed % 3) ? 0.0f : 0.5f;
+                    g.seed = seed++;
+                    check_gemm(rt, g);
+                }
+    }
+}
+
+TEST_CASE("skinny and attention-shaped products") {
+    for (Isa isa : supported_isas()) {
+        CAPTURE(isa_name(isa));
+        Runtime rt(RuntimeOptions{2, isa, {}});
+        for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 1, 1000, 64}, {'N', 'N', 1000, 1, 64},
+                                       {'N', 'T', 1, 1000, 64}, {'T', 'N', 1000, 1, 64},
+                                       {'N', 'T', 200, 300, 64}, {'N', 'N', 300, 64, 200},
+                                       {'N', 'N', 129, 65, 513}, {'N', 'T', 3, 5, 1000}}) {
+            GemmCase g;
+            g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+            g.pad_a = 3; g.pad_c = 1;
+            check_gemm(rt, g);
+        }
+    }
+}
+
+TEST_CASE("k == 0 gives beta * C; m == 0 or n == 0 does nothing; alpha == 0 does not read A or B") {
+    Runtime rt(RuntimeOptions{1, {}, {}});
+    std::vector<float> c = {1, 2, 3, 4};
+    sgemm(rt, Trans::N, Trans::N, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+    CHECK(c == std::vector<float>{0.5f, 1, 1.5f, 2});
+    c[0] = std::numeric_limits<float>::quiet_NaN();
+    sgemm(rt, Trans::N, Trans::N, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, c.data(), 2);
+    CHECK(c == std::vector<float>{0, 0, 0, 0});
+    std::vector<float> untouched = {7, 7};
+    sgemm(rt, Trans::N, Trans::N, 0, 2, 3, 1.0f, nullptr, 3, nullptr, 2, 0.0f, untouched.data(), 2);
+    sgemm(rt, Trans::N, Trans::N, 1, 0, 3, 1.0f, nullptr, 3, nullptr, 1, 0.0f, untouched.data(), 1);
+    CHECK(untouched == std::vector<float>{7, 7});
+    std::vector<float> a = {std::numeric_limits<float>::quiet_NaN(), 1}, b = {1, 1};
+    c = {1, 2, 3, 4};
+    sgemm(rt, Trans::N, Trans::N, 2, 2, 1, 0.0f, a.data(), 1, b.data(), 2, 2.0f, c.data(), 2);
+    CHECK(c == std::vector<float>{2, 4, 6, 8});
+}
+
+TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
+    for (const auto *uk : host_kernels()) {
+        CAPTURE(uk->name);
+        for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 301, 257, 700}, {'T', 'T', 97, 515, 300},
+                                       {'N', 'T', 511, 300, 64}, {'N', 'N', 700, 64, 301}}) {
+            GemmCase g;
+            g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+            g.beta = 0.5f;
+            Runtime r1(default_tiles(*uk, 1)), r2(default_tiles(*uk, 2)), r3(default_tiles(*uk, 3));
+            const auto c1 = check_gemm(r1, g), c2 = check_gemm(r2, g), c3 = check_gemm(r3, g);
+            CHECK(test::same_bits(c1, c2));
+            CHECK(test::same_bits(c1, c3));
+        }
+    }
+}
+
+TEST_CASE("8 host threads share one runtime") {
+    Runtime rt(RuntimeOptions{2, {}, {}});
+    const int64_t m = 150, n = 170, k = 300;
+    auto a = test::random_floats(static_cast<size_t>(m * k), 1), b = test::random_floats(static_cast<size_t>(k * n), 2);
+    std::vector<float> want(static_cast<size_t>(m * n));
+    sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
+    std::vector<std::vector<float>> got(8, std::vector<float>(static_cast<size_t>(m * n)));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep < 10; ++rep)
+                sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got[t].data(), n);
+        });
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+}
+
+TEST_CASE("tile configs that break a kernel constraint are refused, naming the field") {
+    const Isa isa = best_isa();
+    auto bad = [&](auto mutate, const char *field) {
+        TileConfig t = default_tile_config(isa, detect_cache_sizes());
+        mutate(t);
+        try {
+            Runtime rt(RuntimeOptions{1, isa, t});
+            FAIL("accepted a config with a bad ", field);
+        } catch (const Error &e) {
+            CHECK(e.status() == Status::invalid_argument);
+            CHECK(std::string(e.what()).find(field) != std::string::npos);
+        }
+    };
+    bad([](TileConfig &t) { t.mc = t.mc + 1; }, "mc");
+    bad([](TileConfig &t) { t.kc = 0; }, "kc");
+    bad([](TileConfig &t) { t.nc = 3; }, "nc");
+    bad([](TileConfig &t) { t.sup_max_n = -1; }, "sup_max_n");
+    bad([](TileConfig &t) { t.gemm_ukernel = "avx512_99x99"; }, "gemm_ukernel");
+    if (isa == Isa::avx512) bad([](TileConfig &t) { t.gemm_ukernel = "avx2_6x16"; }, "gemm_ukernel");
+}

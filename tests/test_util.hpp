@@ -1,0 +1,28 @@
+// Helpers shared by the doctest suites.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "mha/runtime.hpp"
+
+namespace mha::test {
+
+inline std::vector<float> random_floats(size_t count, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(count);
+    for (auto &x : v) x = dist(gen);
+    return v;
+}
+
+inline bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A value no kernel produces from the test inputs, written into padding to catch stray writes.
+constexpr float kSentinel = -12345.75f;
+
+} // namespace mha::test
