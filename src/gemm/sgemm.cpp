@@ -41,24 +41,6 @@ void parallel_items(int64_t count, const Fn &fn) {
                       tbb::simple_partitioner());
 }
 
-// One MR x NR tile of C. A tile cut by the matrix edge is computed whole into a local buffer and
-// only its valid part is merged, so the microkernel never branches on the edge.
-template <class Kernel>
-inline void run_tile(const SgemmKernel &uk, Kernel kernel, int64_t mr, int64_t nr, const Output &c,
-                     float *c_tile) {
-    if (mr == uk.mr && nr == uk.nr) return kernel(c_tile, c.ld, c.beta);
-    alignas(64) float tmp[32 * 64];
-    kernel(tmp, int64_t{uk.nr}, 0.0f);
-    for (int64_t i = 0; i < mr; ++i) {
-        float *row = c_tile + i * c.ld;
-        const float *t = tmp + i * uk.nr;
-        if (c.beta == 0.0f)
-            for (int64_t j = 0; j < nr; ++j) row[j] = t[j];
-        else
-            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + c.beta * row[j];
-    }
-}
-
 // The packed path: five loops around the microkernel. Threads split the JC block's IC and JR
 // ranges, never PC, so every element of C sums its products in the same order for any thread count.
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
@@ -88,24 +70,15 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
             parallel_items(n_jr, [&](int64_t jr) {
                 uk.pack_b(std::min(NR, nc - jr * NR), kc, b.at(pc, jc + jr * NR), b.rs, b.cs, bp + jr * NR * kc);
             });
-            const Output cb{c.p, c.ld, c.alpha, pc == 0 ? c.beta : 1.0f};
+            const float beta = pc == 0 ? c.beta : 1.0f;
             parallel_items(n_ic * jr_split, [&](int64_t item) {   // IC: MC rows of A; pack A
                 const int64_t ic = item / jr_split * mc, mcur = std::min(mc, m - ic);
                 const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
                 if (jr0 >= jr1) return;
                 float *ap = a_packs + RuntimeState::this_thread_slot() * a_size;
-                for (int64_t ir = 0; ir < mcur; ir += MR)
-                    uk.pack_a(std::min(MR, mcur - ir), kc, a.at(ic + ir, pc), a.rs, a.cs, ap + ir * kc);
-                for (int64_t jr = jr0; jr < jr1; ++jr) {         // JR: NR columns
-                    const int64_t nr = std::min(NR, nc - jr * NR);
-                    const float *bpanel = bp + jr * NR * kc;
-                    for (int64_t ir = 0; ir < mcur; ir += MR) {   // IR: MR rows
-                        const float *apanel = ap + ir * kc;
-                        run_tile(uk, [&](float *ct, int64_t ldc, float beta) {
-                            uk.packed(kc, apanel, 1, MR, bpanel, NR, ct, ldc, cb.alpha, beta);
-                        }, std::min(MR, mcur - ir), nr, cb, c.p + (ic + ir) * c.ld + jc + jr * NR);
-                    }
-                }
+                uk.pack_a(mcur, kc, a.at(ic, pc), a.rs, a.cs, ap);
+                // JR and IR run inside the ISA's translation unit.
+                uk.macro_packed(mcur, nc, kc, jr0, jr1, ap, bp, c.p + ic * c.ld + jc, c.ld, c.alpha, beta);
             });
         }
     }
@@ -141,24 +114,11 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
         parallel_items(ir_split * jr_split, [&](int64_t item) {
             const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
             const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
-            for (int64_t ir = ir0; ir < ir1; ++ir) {                  // IR: MR rows of A, in place
-                const int64_t i = ir * MR, mr = std::min(MR, m - i);
-                Operand ar = {a.at(i, 0), a.rs, a.cs};
-                if (mr < MR) {  // rows past the edge: pack them, zero-padded
-                    float *ap = a_packs + RuntimeState::this_thread_slot() * a_size;
-                    uk.pack_a(mr, k, ar.p, a.rs, a.cs, ap);
-                    ar = {ap, 1, MR};
-                }
-                for (int64_t jr = jr0; jr < jr1; ++jr) {             // JR: NR columns
-                    const int64_t j = jc + jr * NR, nr = std::min(NR, nc - jr * NR);
-                    run_tile(uk, [&](float *ct, int64_t ldc, float beta) {
-                        if (b_direct && nr == NR)
-                            uk.strided_ab(k, ar.p, ar.rs, ar.cs, b.at(0, j), b.rs, ct, ldc, c.alpha, beta);
-                        else
-                            uk.strided_a(k, ar.p, ar.rs, ar.cs, bp + jr * NR * k, NR, ct, ldc, c.alpha, beta);
-                    }, mr, nr, c, c.p + i * c.ld + j);
-                }
-            }
+            if (ir0 >= ir1 || jr0 >= jr1) return;
+            const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
+            uk.macro_sup(SupArgs{rows, nc, k, jr0, jr1, a.at(i0, 0), a.rs, a.cs, b_direct ? b.at(0, jc) : nullptr,
+                                 b.rs, bp, a_packs + RuntimeState::this_thread_slot() * a_size, c.p + i0 * c.ld + jc,
+                                 c.ld, c.alpha, c.beta});
         });
     }
 }

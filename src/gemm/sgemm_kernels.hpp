@@ -10,19 +10,39 @@
 
 namespace mha::gemm {
 
-using UkernelFn = void (*)(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                           int64_t rs_b, float *c, int64_t ldc, float alpha, float beta);
-using PackFn = void (*)(int64_t valid, int64_t kc, const float *x, int64_t rs, int64_t cs, float *out);
+// The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
+// panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
+// else from the packed panels bp. The panel cut by the column edge always comes packed (in bp);
+// rows cut by the edge are packed into a_edge (MR x k floats) first.
+struct SupArgs {
+    int64_t mc, nc, k, jr0, jr1;
+    const float *a;
+    int64_t rs_a, cs_a;
+    const float *b;
+    int64_t rs_b;
+    const float *bp;
+    float *a_edge;
+    float *c;
+    int64_t ldc;
+    float alpha, beta;
+};
+
+// Packs an mc x kc block of op(A) (element (i, p) at x[i * rs + p * cs]) into MR-row micro-panels,
+// or a kc x nc block of op(B) (element (p, j) at x[p * rs + j * cs]) into NR-column micro-panels.
+using PackBlockFn = void (*)(int64_t rows_or_cols, int64_t kc, const float *x, int64_t rs, int64_t cs, float *out);
+// JR and IR loops over packed blocks: panels [jr0, jr1) of C[0:mc, 0:nc] = alpha * A * B + beta * C.
+using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t jr1, const float *ap,
+                               const float *bp, float *c, int64_t ldc, float alpha, float beta);
+using MacroSupFn = void (*)(const SupArgs &args);
 
 struct SgemmKernel {
     const char *name;  // "<isa>_<MR>x<NR>"
     Isa isa;
     int mr, nr;
-    UkernelFn packed;     // A and B packed
-    UkernelFn strided_a;  // A read in place, B packed
-    UkernelFn strided_ab; // A and B read in place (B's columns contiguous)
-    PackFn pack_a;        // one MR-row micro-panel of op(A)
-    PackFn pack_b;        // one NR-column micro-panel of op(B)
+    PackBlockFn pack_a;
+    PackBlockFn pack_b;
+    MacroPackedFn macro_packed;
+    MacroSupFn macro_sup;
 };
 
 std::span<const SgemmKernel> sgemm_kernels_avx2();

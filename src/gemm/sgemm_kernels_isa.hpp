@@ -12,11 +12,8 @@ template <int MR, int NV>
 constexpr SgemmKernel make_kernel(const char *name) {
     using A = MHA_ISA_ARCH;
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, A>::size);
-    return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR,
-                       &sgemm_ukernel<A, MR, NV, Layout::packed, Layout::packed>,
-                       &sgemm_ukernel<A, MR, NV, Layout::strided, Layout::packed>,
-                       &sgemm_ukernel<A, MR, NV, Layout::strided, Layout::strided>,
-                       &pack_a_panel<MR>, &pack_b_panel<NR>};
+    return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_a_block<MR>, &pack_b_block<NR>,
+                       &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>};
 }
 
 #define MHA_STR2(x) #x

@@ -1,0 +1,133 @@
+#include "bench/bench_support.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#ifdef MHA_HAVE_DNNL
+#include <dnnl.h>
+#include <omp.h>
+#endif
+#ifdef MHA_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace mha::bench {
+
+double fma_gflops_avx512(int64_t iters);
+double fma_gflops_avx2(int64_t iters);
+
+std::string GemmShape::str() const {
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " + ta + tb;
+}
+
+const std::vector<GemmShape> &gemm_shapes() {
+    static const std::vector<GemmShape> shapes = {
+        {"square", 'N', 'N', 256, 256, 256, false},
+        {"square", 'N', 'N', 512, 512, 512, false},
+        {"square", 'N', 'N', 1024, 1024, 1024, true},
+        {"square", 'N', 'N', 2048, 2048, 2048, false},
+        {"attn QK^T", 'N', 'T', 512, 512, 64, true},
+        {"attn PV", 'N', 'N', 512, 64, 512, true},
+        {"attn QK^T", 'N', 'T', 2048, 2048, 64, false},
+        {"attn PV", 'N', 'N', 2048, 64, 2048, false},
+        {"proj QKV", 'N', 'T', 4096, 1536, 512, false},
+        {"proj out", 'N', 'T', 4096, 512, 512, true},
+    };
+    return shapes;
+}
+
+double measure_fma_peak_gflops(int threads) {
+    const bool avx512 = cpu_supports(Isa::avx512);
+    auto probe = [&](int64_t iters) { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); };
+    probe(1 << 20);  // warm up the wide units
+    std::vector<double> runs;
+    for (int rep = 0; rep < 5; ++rep) {
+        std::vector<double> per(static_cast<size_t>(threads));
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(1 << 21); });
+        for (auto &th : pool) th.join();
+        double sum = 0;
+        for (double g : per) sum += g;
+        runs.push_back(sum);
+    }
+    std::sort(runs.begin(), runs.end());
+    return runs[runs.size() / 2];
+}
+
+void ensure_openblas_coretype(char **argv) {
+#ifdef MHA_HAVE_OPENBLAS
+    if (std::getenv("OPENBLAS_CORETYPE")) return;
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+    execv("/proc/self/exe", argv);  // only returns on failure; then OpenBLAS runs with its own guess
+#else
+    (void)argv;
+#endif
+}
+
+std::string openblas_label() {
+    const char *ct = std::getenv("OPENBLAS_CORETYPE");
+    return std::string("OpenBLAS (OPENBLAS_CORETYPE=") + (ct ? ct : "unset") + ")";
+}
+
+bool has_dnnl() {
+#ifdef MHA_HAVE_DNNL
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool has_openblas() {
+#ifdef MHA_HAVE_OPENBLAS
+    return true;
+#else
+    return false;
+#endif
+}
+
+void dnnl_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+#ifdef MHA_HAVE_DNNL
+    omp_set_num_threads(threads);
+    ::dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // row-major, like ours
+#else
+    (void)threads, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+        (void)ldb, (void)beta, (void)c, (void)ldc;
+    std::abort();
+#endif
+}
+
+void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+#ifdef MHA_HAVE_OPENBLAS
+    openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, ta == 'N' ? CblasNoTrans : CblasTrans, tb == 'N' ? CblasNoTrans : CblasTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+#else
+    (void)threads, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+        (void)ldb, (void)beta, (void)c, (void)ldc;
+    std::abort();
+#endif
+}
+
+double time_median(const std::function<void()> &fn, double budget_s, int min_reps) {
+    using clock = std::chrono::steady_clock;
+    fn();  // warm-up: page faults, packing buffers, thread start
+    std::vector<double> t;
+    const auto start = clock::now();
+    while (static_cast<int>(t.size()) < min_reps ||
+           (std::chrono::duration<double>(clock::now() - start).count() < budget_s && t.size() < 1000)) {
+        const auto t0 = clock::now();
+        fn();
+        t.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+} // namespace mha::bench

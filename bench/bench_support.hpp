@@ -1,0 +1,47 @@
+// What the Google Benchmark suites and mha-bench share: the shapes (defined once), the machine's
+// measured peaks, the anchors (oneDNN, OpenBLAS) and a timer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mha/isa.hpp"
+
+namespace mha::bench {
+
+struct GemmShape {
+    const char *label;  // what the shape stands for
+    char ta, tb;
+    int64_t m, n, k;
+    bool quick;         // part of the --quick run
+    double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+    std::string str() const;  // "1024x1024x1024 NT"
+};
+
+// The GEMM shapes of bench_gemm.cpp and the mha-bench gemm suite.
+const std::vector<GemmShape> &gemm_shapes();
+
+// Peak fp32 FMA GFLOP/s of `threads` threads running the probe at once with the widest ISA the
+// CPU has (the median of several short runs; about 0.3 s).
+double measure_fma_peak_gflops(int threads);
+
+// Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects this
+// CPU and runs about 6x slower) and re-executes the program so OpenBLAS sees it when it loads.
+void ensure_openblas_coretype(char **argv);
+// "OpenBLAS (OPENBLAS_CORETYPE=SkylakeX)", or with whatever the environment sets.
+std::string openblas_label();
+
+// The anchors, each run on `threads` threads. has_*() says whether it was compiled in.
+bool has_dnnl();
+bool has_openblas();
+void dnnl_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+// Median seconds of `fn` over repetitions after a warm-up, running for about `budget_s` seconds.
+double time_median(const std::function<void()> &fn, double budget_s, int min_reps = 3);
+
+} // namespace mha::bench

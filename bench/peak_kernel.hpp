@@ -1,0 +1,33 @@
+// The FMA-throughput probe, written once over an xsimd architecture: 16 independent accumulator
+// chains keep both FMA ports busy through a 4-cycle latency (2 ports x 4 cycles = 8 chains minimum).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+namespace mha::bench {
+namespace {
+
+// Runs `iters` rounds of 16 FMAs and returns the GFLOP/s this thread achieved.
+template <class Arch>
+double fma_gflops_probe(int64_t iters) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr int kChains = 16;
+    V acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = V(1.0f + 1e-3f * static_cast<float>(i));
+    const V x(0.999999f), y(1e-7f);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+        for (int i = 0; i < kChains; ++i) acc[i] = xsimd::fma(acc[i], x, y);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile float sink = 0;
+    for (int i = 0; i < kChains; ++i) sink = sink + xsimd::hadd(acc[i]);
+    return 2.0 * kChains * static_cast<double>(V::size) * static_cast<double>(iters) / s * 1e-9;
+}
+
+} // namespace
+} // namespace mha::bench
