@@ -19,6 +19,8 @@ namespace mha::bench {
 
 double fma_gflops_avx512(int64_t iters);
 double fma_gflops_avx2(int64_t iters);
+float read_sum_avx512(const float *x, int64_t n);
+float read_sum_avx2(const float *x, int64_t n);
 
 std::string GemmShape::str() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " + ta + tb;
@@ -43,12 +45,12 @@ const std::vector<GemmShape> &gemm_shapes() {
 double measure_fma_peak_gflops(int threads) {
     const bool avx512 = cpu_supports(Isa::avx512);
     auto probe = [&](int64_t iters) { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); };
-    probe(1 << 20);  // warm up the wide units
+    probe(1 << 22);  // warm up the wide units
     std::vector<double> runs;
     for (int rep = 0; rep < 5; ++rep) {
         std::vector<double> per(static_cast<size_t>(threads));
         std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(1 << 21); });
+        for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(1 << 23); });
         for (auto &th : pool) th.join();
         double sum = 0;
         for (double g : per) sum += g;
@@ -56,6 +58,27 @@ double measure_fma_peak_gflops(int threads) {
     }
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2];
+}
+
+double measure_read_bandwidth_gbs(int threads) {
+    const int64_t n = int64_t{64} << 20;  // 256 MiB of floats, far past any L3 here
+    std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+    const bool avx512 = cpu_supports(Isa::avx512);
+    const int64_t per = n / threads;
+    volatile float sink = 0;
+    auto pass = [&] {
+        std::vector<std::thread> pool;
+        std::vector<float> sums(static_cast<size_t>(threads));
+        for (int t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+                const float *x = buf.data() + t * per;
+                sums[static_cast<size_t>(t)] = avx512 ? read_sum_avx512(x, per) : read_sum_avx2(x, per);
+            });
+        for (auto &th : pool) th.join();
+        sink = sink + sums[0];
+    };
+    const double s = time_median(pass, 0.5, 3);
+    return static_cast<double>(per * threads) * sizeof(float) / s * 1e-9;
 }
 
 void ensure_openblas_coretype(char **argv) {
@@ -115,19 +138,28 @@ void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t
 #endif
 }
 
-double time_median(const std::function<void()> &fn, double budget_s, int min_reps) {
+std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps) {
     using clock = std::chrono::steady_clock;
-    fn();  // warm-up: page faults, packing buffers, thread start
-    std::vector<double> t;
+    for (const auto &fn : fns) fn();  // warm-up
+    std::vector<std::vector<double>> t(fns.size());
     const auto start = clock::now();
-    while (static_cast<int>(t.size()) < min_reps ||
-           (std::chrono::duration<double>(clock::now() - start).count() < budget_s && t.size() < 1000)) {
-        const auto t0 = clock::now();
-        fn();
-        t.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    for (int rep = 0; rep < min_reps || (std::chrono::duration<double>(clock::now() - start).count() < budget_s && rep < 1000);
+         ++rep)
+        for (size_t i = 0; i < fns.size(); ++i) {
+            const auto t0 = clock::now();
+            fns[i]();
+            t[i].push_back(std::chrono::duration<double>(clock::now() - t0).count());
+        }
+    std::vector<double> medians;
+    for (auto &v : t) {
+        std::sort(v.begin(), v.end());
+        medians.push_back(v[v.size() / 2]);
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return medians;
+}
+
+double time_median(const std::function<void()> &fn, double budget_s, int min_reps) {
+    return time_interleaved({fn}, budget_s, min_reps)[0];
 }
 
 } // namespace mha::bench

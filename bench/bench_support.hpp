@@ -27,6 +27,10 @@ const std::vector<GemmShape> &gemm_shapes();
 // CPU has (the median of several short runs; about 0.3 s).
 double measure_fma_peak_gflops(int threads);
 
+// Read bandwidth in GB/s of `threads` threads each streaming its share of a buffer far larger than
+// the caches (the median of several passes).
+double measure_read_bandwidth_gbs(int threads);
+
 // Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects this
 // CPU and runs about 6x slower) and re-executes the program so OpenBLAS sees it when it loads.
 void ensure_openblas_coretype(char **argv);
@@ -40,6 +44,10 @@ void dnnl_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, 
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+// Median seconds of each function, timed in turn (a, b, c, a, b, c, ...) so that noise from other
+// tenants of the machine falls on all of them alike; about `budget_s` seconds in all.
+std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps = 3);
 
 // Median seconds of `fn` over repetitions after a warm-up, running for about `budget_s` seconds.
 double time_median(const std::function<void()> &fn, double budget_s, int min_reps = 3);

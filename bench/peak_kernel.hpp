@@ -29,5 +29,22 @@ double fma_gflops_probe(int64_t iters) {
     return 2.0 * kChains * static_cast<double>(V::size) * static_cast<double>(iters) / s * 1e-9;
 }
 
+// Sums n floats with 8 independent vector accumulators; returns the sum so the reads stay live.
+template <class Arch>
+float read_sum_probe(const float *x, int64_t n) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr int64_t W = static_cast<int64_t>(V::size);
+    V acc[8];
+    for (auto &a : acc) a = V(0.0f);
+    int64_t i = 0;
+    for (; i + 8 * W <= n; i += 8 * W)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] += V::load_unaligned(x + i + j * W);
+    float s = 0;
+    for (; i < n; ++i) s += x[i];
+    for (auto &a : acc) s += xsimd::hadd(a);
+    return s;
+}
+
 } // namespace
 } // namespace mha::bench

@@ -121,7 +121,8 @@ TEST_CASE("the host runs at least one kernel, and every ISA it supports has a de
 
 TEST_CASE("edge tiles: m, n, k at 1, below, at and above MR, NR, MC, KC, NC, on both paths") {
     for (const auto *uk : host_kernels()) {
-        CAPTURE(uk->name);
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
         Runtime rt(small_tiles(*uk));
         const int64_t MR = uk->mr, NR = uk->nr;
         std::vector<int64_t> ms, ns;
@@ -142,7 +143,8 @@ TEST_CASE("edge tiles: m, n, k at 1, below, at and above MR, NR, MC, KC, NC, on 
 
 TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN") {
     for (const auto *uk : host_kernels()) {
-        CAPTURE(uk->name);
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
             for (char ta : {'N', 'T'})
@@ -162,7 +164,8 @@ TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN")
 TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
     const int64_t primes[] = {2, 3, 5, 13, 31, 61, 67, 127, 131, 193, 257, 293};
     for (const auto *uk : host_kernels()) {
-        CAPTURE(uk->name);
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
         Runtime rt(default_tiles(*uk, 2));
         uint32_t seed = 3;
         for (int64_t m : primes)
@@ -216,7 +219,8 @@ TEST_CASE("k == 0 gives beta * C; m == 0 or n == 0 does nothing; alpha == 0 does
 
 TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     for (const auto *uk : host_kernels()) {
-        CAPTURE(uk->name);
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
         for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 301, 257, 700}, {'T', 'T', 97, 515, 300},
                                        {'N', 'T', 511, 300, 64}, {'N', 'N', 700, 64, 301}}) {
             GemmCase g;

@@ -41,6 +41,14 @@ void parallel_items(int64_t count, const Fn &fn) {
                       tbb::simple_partitioner());
 }
 
+// Splits [0, count) into at most `chunks` contiguous ranges and runs fn(begin, end) on each.
+template <class Fn>
+void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
+    chunks = std::max<int64_t>(1, std::min(chunks, count));
+    const int64_t per = ceil_div(count, chunks);
+    parallel_items(ceil_div(count, per), [&](int64_t i) { fn(i * per, std::min(count, (i + 1) * per)); });
+}
+
 // The packed path: five loops around the microkernel. Threads split the JC block's IC and JR
 // ranges, never PC, so every element of C sums its products in the same order for any thread count.
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
@@ -67,8 +75,9 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
         const int64_t jr_per = ceil_div(n_jr, jr_split);
         for (int64_t pc = 0; pc < k; pc += t.kc) {               // PC: KC depth; pack B
             const int64_t kc = std::min(t.kc, k - pc);
-            parallel_items(n_jr, [&](int64_t jr) {
-                uk.pack_b(std::min(NR, nc - jr * NR), kc, b.at(pc, jc + jr * NR), b.rs, b.cs, bp + jr * NR * kc);
+            parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
+                const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
+                uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
             });
             const float beta = pc == 0 ? c.beta : 1.0f;
             parallel_items(n_ic * jr_split, [&](int64_t item) {   // IC: MC rows of A; pack A
@@ -94,19 +103,19 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     const bool b_direct = b.cs == 1;
     const int64_t n_ir = ceil_div(m, MR);
 
-    const int64_t a_size = MR * k;  // per thread: the rows cut by the edge, packed
-    auto scratch = s.pool.borrow(static_cast<size_t>(k * nc_blk + s.slots * a_size));
-    float *bp = scratch.data(), *a_packs = bp + k * nc_blk;
+    auto scratch = s.pool.borrow(static_cast<size_t>(k * nc_blk));
+    float *bp = scratch.data();
     for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
         const int64_t nc = std::min(nc_blk, n - jc);
         const int64_t n_jr = ceil_div(nc, NR);
         const int64_t edge_nr = nc % NR;
         if (!b_direct)
-            parallel_items(n_jr, [&](int64_t jr) {
-                uk.pack_b(std::min(NR, nc - jr * NR), k, b.at(0, jc + jr * NR), b.rs, b.cs, bp + jr * NR * k);
+            parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
+                const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
+                uk.pack_b(cols, k, b.at(0, jc + j0), b.cs, b.rs, bp + j0 * k);
             });
-        else if (edge_nr)  // Only the panel cut by the edge: reading it in place would overrun B.
-            uk.pack_b(edge_nr, k, b.at(0, jc + (n_jr - 1) * NR), b.rs, b.cs, bp + (n_jr - 1) * NR * k);
+        else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
+            uk.pack_b(edge_nr, k, b.at(0, jc + (n_jr - 1) * NR), b.cs, b.rs, bp + (n_jr - 1) * NR * k);
 
         const int64_t ir_split = std::min(n_ir, 4 * T);
         const int64_t jr_split = n_ir >= T ? 1 : std::min(n_jr, ceil_div(T, n_ir));
@@ -117,8 +126,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
             if (ir0 >= ir1 || jr0 >= jr1) return;
             const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
             uk.macro_sup(SupArgs{rows, nc, k, jr0, jr1, a.at(i0, 0), a.rs, a.cs, b_direct ? b.at(0, jc) : nullptr,
-                                 b.rs, bp, a_packs + RuntimeState::this_thread_slot() * a_size, c.p + i0 * c.ld + jc,
-                                 c.ld, c.alpha, c.beta});
+                                 b.rs, bp, c.p + i0 * c.ld + jc, c.ld, c.alpha, c.beta});
         });
     }
 }

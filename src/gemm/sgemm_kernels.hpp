@@ -12,8 +12,7 @@ namespace mha::gemm {
 
 // The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
 // panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
-// else from the packed panels bp. The panel cut by the column edge always comes packed (in bp);
-// rows cut by the edge are packed into a_edge (MR x k floats) first.
+// else from the packed panels bp. The panel cut by the column edge always comes packed (in bp).
 struct SupArgs {
     int64_t mc, nc, k, jr0, jr1;
     const float *a;
@@ -21,15 +20,15 @@ struct SupArgs {
     const float *b;
     int64_t rs_b;
     const float *bp;
-    float *a_edge;
     float *c;
     int64_t ldc;
     float alpha, beta;
 };
 
-// Packs an mc x kc block of op(A) (element (i, p) at x[i * rs + p * cs]) into MR-row micro-panels,
-// or a kc x nc block of op(B) (element (p, j) at x[p * rs + j * cs]) into NR-column micro-panels.
-using PackBlockFn = void (*)(int64_t rows_or_cols, int64_t kc, const float *x, int64_t rs, int64_t cs, float *out);
+// Packs a count x kc operand into panels of W (MR for A, NR for B) along its first dimension:
+// element (x, p) = src[x * sx + p * sp] goes to out[(x / W) * W * kc + p * W + x % W], zero-padded.
+// A: x = row, sx = rs_a, sp = cs_a. B: x = column, sx = cs_b, sp = rs_b.
+using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out);
 // JR and IR loops over packed blocks: panels [jr0, jr1) of C[0:mc, 0:nc] = alpha * A * B + beta * C.
 using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t jr1, const float *ap,
                                const float *bp, float *c, int64_t ldc, float alpha, float beta);

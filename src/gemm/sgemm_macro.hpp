@@ -1,0 +1,89 @@
+// The loops right around the microkernel (JR, IR) for both GEMM paths, written once and compiled
+// per ISA (include only from an ISA's translation unit).
+#pragma once
+
+#include "gemm/sgemm_kernels.hpp"
+#include "gemm/sgemm_pack.hpp"
+#include "gemm/sgemm_ukernel.hpp"
+
+#include <utility>
+
+namespace mha::gemm {
+namespace {
+
+// The microkernel with MR rows, or, for the rows left at the bottom edge, the same kernel
+// instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
+template <class Arch, int MR, int NV, Layout LB>
+inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
+                               int64_t rs_b, float *c, int64_t ldc, float alpha, float beta) {
+    if (mr == MR)
+        return sgemm_ukernel<Arch, MR, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta);
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+        (void)((mr == R + 1 &&
+                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta), true)) ||
+               ...);
+    }(std::make_integer_sequence<int, MR - 1>{});
+}
+
+// One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
+// only its valid columns are merged, so the microkernel never branches on the edge.
+template <int MR, int NR, class Kernel>
+inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float beta) {
+    if (nr == NR) return kernel(c, ldc, beta);
+    alignas(64) float tmp[MR * NR];
+    kernel(tmp, int64_t{NR}, 0.0f);
+    for (int64_t i = 0; i < mr; ++i) {
+        float *row = c + i * ldc;
+        const float *t = tmp + i * NR;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < nr; ++j) row[j] = t[j];
+        else
+            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + beta * row[j];
+    }
+}
+
+// The two innermost loops (JR, IR) over a packed mc x kc block of A and kc x nc block of B,
+// for NR-column panels [jr0, jr1) of the block.
+template <class Arch, int MR, int NV>
+void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t jr1, const float *ap,
+                        const float *bp, float *c, int64_t ldc, float alpha, float beta) {
+    constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    for (int64_t jr = jr0; jr < jr1; ++jr) {                 // JR: NR columns
+        const int64_t j = jr * NR, nr = nc - j < NR ? nc - j : NR;
+        const float *bpanel = bp + j * kc;
+        for (int64_t i = 0; i < mc; i += MR) {                 // IR: MR rows
+            const float *apanel = ap + i * kc;
+            const int64_t mr = mc - i < MR ? mc - i : MR;
+            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b) {
+                if (mr == MR)
+                    sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
+                else
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
+            }, mr, nr, c + i * ldc + j, ldc, beta);
+        }
+    }
+}
+
+// The small-problem tiles (see SupArgs).
+template <class Arch, int MR, int NV>
+void sgemm_macro_sup(const SupArgs &s) {
+    constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    for (int64_t i = 0; i < s.mc; i += MR) {                  // IR: MR rows, in place
+        const int64_t mr = s.mc - i < MR ? s.mc - i : MR;
+        const float *a = s.a + i * s.rs_a;
+        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {          // JR: NR columns
+            const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
+            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta) {
+                if (s.b && nr == NR)
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct, ld,
+                                                                      s.alpha, beta);
+                else
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.k, NR, ct,
+                                                                     ld, s.alpha, beta);
+            }, mr, nr, s.c + i * s.ldc + j, s.ldc, s.beta);
+        }
+    }
+}
+
+} // namespace
+} // namespace mha::gemm

@@ -1,0 +1,31 @@
+# Sourced by tools/test and tools/run: makes sure every Debian package the build needs is installed.
+MHA_PACKAGES=(meson ninja-build g++ pkg-config cmake libxsimd-dev libtbb-dev doctest-dev libbenchmark-dev
+              nlohmann-json3-dev libdnnl-dev libopenblas-dev)
+
+ensure_packages() {
+    local missing=()
+    for p in "${MHA_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing packages; run as root:" >&2
+        echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "installing: ${missing[*]}" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+}
+
+# meson_build DIR [meson options...]: configure DIR once (reused when it exists), then compile.
+meson_build() {
+    local dir=$1
+    shift
+    if [ -f "$dir/build.ninja" ]; then
+        meson configure "$dir" "$@" >/dev/null
+    else
+        meson setup "$dir" "$@" >&2
+    fi
+    meson compile -C "$dir" >&2
+}

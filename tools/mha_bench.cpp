@@ -1,0 +1,186 @@
+// mha-bench: the benchmark suite for people choosing hardware and settings. Every row is measured
+// beside its anchors in the same run and reported against the FMA peak measured at start-up.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_support.hpp"
+#include "mha/gemm.hpp"
+
+using namespace mha;
+
+namespace {
+
+struct Options {
+    bool quick = false, json = false;
+    std::vector<int> threads = {1, 2};
+    std::string filter;
+};
+
+struct Row {
+    std::string suite, name, shape;
+    int threads = 1;
+    double ms = 0, gflops = 0, peak_fraction = 0;
+    std::vector<std::pair<std::string, double>> vs;  // anchor -> our speed / its speed
+};
+
+struct Context {
+    Options opt;
+    std::map<int, double> peak;  // threads -> GFLOP/s
+    double budget_s() const { return opt.quick ? 0.25 : 1.0; }
+};
+
+void usage(FILE *to) {
+    std::fprintf(to,
+                 "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
+                 "  --quick      the short run (under a minute)\n"
+                 "  --threads    thread counts to run (default 1,2)\n"
+                 "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
+                 "  --json       print one JSON object instead of the table\n");
+}
+
+bool parse_args(int argc, char **argv, Options &o) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--quick") o.quick = true;
+        else if (a == "--json") o.json = true;
+        else if (a == "--filter") o.filter = value();
+        else if (a == "--threads") {
+            o.threads.clear();
+            std::string v = value();
+            size_t pos = 0;
+            while (pos <= v.size()) {
+                const size_t end = std::min(v.find(',', pos), v.size());
+                const std::string item = v.substr(pos, end - pos);
+                char *stop = nullptr;
+                const long t = std::strtol(item.c_str(), &stop, 10);
+                if (item.empty() || *stop || t < 1 || t > 1024)
+                    throw std::runtime_error("--threads: '" + item + "' is not a thread count in [1, 1024]");
+                o.threads.push_back(static_cast<int>(t));
+                pos = end + 1;
+            }
+        } else if (a == "--help" || a == "-h") {
+            usage(stdout);
+            std::exit(0);
+        } else
+            throw std::runtime_error("unknown flag '" + a + "'");
+    }
+    return true;
+}
+
+void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    for (const auto &s : bench::gemm_shapes()) {
+        if (ctx.opt.quick && !s.quick) continue;
+        const std::string name = s.label;
+        if (filter && !std::regex_search("gemm/" + name + "/" + s.str(), *filter)) continue;
+        std::vector<float> a(static_cast<size_t>(s.m * s.k), 0.5f), b(static_cast<size_t>(s.k * s.n), 0.25f),
+            c(static_cast<size_t>(s.m * s.n));
+        const int64_t lda = s.ta == 'N' ? s.k : s.m, ldb = s.tb == 'N' ? s.n : s.k;
+        for (int threads : ctx.opt.threads) {
+            std::fprintf(stderr, "gemm %s %s threads=%d\n", s.label, s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            std::vector<std::function<void()>> fns = {[&] {
+                sgemm(rt, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, a.data(), lda,
+                      b.data(), ldb, 0.0f, c.data(), s.n);
+            }};
+            std::vector<std::string> anchors;
+            if (bench::has_dnnl()) {
+                anchors.push_back("oneDNN");
+                fns.push_back([&] {
+                    bench::dnnl_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                                      c.data(), s.n);
+                });
+            }
+            if (bench::has_openblas()) {
+                anchors.push_back("OpenBLAS");
+                fns.push_back([&] {
+                    bench::openblas_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb,
+                                          0.0f, c.data(), s.n);
+                });
+            }
+            const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
+            Row r{"gemm", name, s.str(), threads, t[0] * 1e3, s.flops() / t[0] * 1e-9, 0, {}};
+            r.peak_fraction = r.gflops / ctx.peak[threads];
+            for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i], t[i + 1] / t[0]);
+            rows.push_back(r);
+        }
+    }
+}
+
+void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
+    std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
+    for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
+    std::printf(", read bandwidth %.1f GB/s (1 thread)\n", bw);
+    std::printf("anchors: oneDNN %s; %s\n", bench::has_dnnl() ? "dnnl_sgemm 2.x" : "not built",
+                bench::has_openblas() ? bench::openblas_label().c_str() : "OpenBLAS not built");
+    std::printf("vs X = X's time / mha's time (above 1: mha is faster)\n\n");
+    std::string suite;
+    for (const auto &r : rows) {
+        if (r.suite != suite) {
+            suite = r.suite;
+            std::printf("%-6s %-10s %-20s %7s %10s %9s %7s", "suite", "name", "shape", "threads", "ms", "GFLOP/s", "%peak");
+            for (const auto &[n, v] : r.vs) std::printf(" %11s", ("vs " + n).c_str());
+            std::printf("\n");
+        }
+        std::printf("%-6s %-10s %-20s %7d %10.3f %9.1f %6.1f%%", r.suite.c_str(), r.name.c_str(), r.shape.c_str(),
+                    r.threads, r.ms, r.gflops, 100.0 * r.peak_fraction);
+        for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
+        std::printf("\n");
+    }
+}
+
+void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
+    nlohmann::json j;
+    j["peak_gflops"] = ctx.peak.begin()->second;
+    j["peak_gflops_threads"] = ctx.peak.begin()->first;
+    for (auto [t, g] : ctx.peak) j["peak_gflops_by_threads"][std::to_string(t)] = g;
+    j["bandwidth_gbs"] = bw;
+    j["openblas_coretype"] = bench::openblas_label();
+    j["results"] = nlohmann::json::array();
+    for (const auto &r : rows) {
+        nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
+                            {"threads", r.threads}, {"ms", r.ms}, {"gflops", r.gflops},
+                            {"peak_fraction", r.peak_fraction}};
+        for (const auto &[n, v] : r.vs) o["vs"][n] = v;
+        j["results"].push_back(o);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    bench::ensure_openblas_coretype(argv);
+    Context ctx;
+    try {
+        parse_args(argc, argv, ctx.opt);
+        std::unique_ptr<std::regex> filter;
+        if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
+        std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
+        for (int t : ctx.opt.threads) ctx.peak[t] = bench::measure_fma_peak_gflops(t);
+        const double bw = bench::measure_read_bandwidth_gbs(1);
+        std::vector<Row> rows;
+        suite_gemm(ctx, filter.get(), rows);
+        if (ctx.opt.json)
+            print_json(ctx, bw, rows);
+        else
+            print_table(ctx, bw, rows);
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "mha-bench: %s\n", e.what());
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
