@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the build into a staging directory, then builds a plain C program exactly as a user
+# would (cc prog.c $(pkg-config --cflags --libs mha)) against the installed files, and runs it.
+set -euo pipefail
+build_dir=$1
+example=$2
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+meson install -C "$build_dir" --destdir "$stage" --no-rebuild --quiet >/dev/null
+pc=$(dirname "$(find "$stage" -name mha.pc | head -1)")
+[ -n "$pc" ] || { echo "mha.pc was not installed"; exit 1; }
+export PKG_CONFIG_PATH=$pc PKG_CONFIG_SYSROOT_DIR=$stage
+for h in mha.h gemm.hpp runtime.hpp; do
+    [ -f "$(find "$stage" -path "*/include/mha/$h" | head -1)" ] || { echo "include/mha/$h not installed"; exit 1; }
+done
+[ -x "$(find "$stage" -path '*/bin/mha-bench' | head -1)" ] || { echo "mha-bench not installed"; exit 1; }
+cc "$example" -o "$stage/prog" $(pkg-config --cflags --libs mha) -lm
+libdir=$(dirname "$(find "$stage" -name 'libmha.so' | head -1)")
+LD_LIBRARY_PATH=$libdir "$stage/prog"
