@@ -5,13 +5,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "gemm/transpose.hpp"
+
 namespace mha::gemm {
 namespace {
 
 // Packs a count x kc operand into panels of W along x: element (x, p) = src[x * sx + p * sp] goes
 // to out[(x / W) * W * kc + p * W + x % W]; the last panel is zero-padded to W.
 // A is packed with x = row (sx = rs_a, sp = cs_a), B with x = column (sx = cs_b, sp = rs_b).
-template <int W>
+template <class Arch, int W>
 void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
     const int64_t full = count / W * W, tail = count - full;
     if (tail)  // zero the padding of the last panel; the copies below never touch it
@@ -26,20 +28,16 @@ void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_
             if (tail) std::memcpy(out + full * kc + p * W, row + full, static_cast<size_t>(tail) * sizeof(float));
         }
     } else if (sp == 1) {
-        // Each x is contiguous along depth (A, or B^T): copy one cache line (16 floats) of each x
-        // in turn. Rows a multiple of 1 KiB apart share an L1 set, so streaming all W at once
-        // would thrash it.
+        // Each x is contiguous along depth (A, or B^T): transpose L x L blocks in registers.
+        constexpr int L = Transpose<Arch>::L;
         for (int64_t x0 = 0; x0 < count; x0 += W) {
             const int64_t w = count - x0 < W ? count - x0 : W;
             float *panel = out + x0 * kc;
             int64_t p0 = 0;
-            for (; p0 + 16 <= kc; p0 += 16)
-                for (int64_t x = 0; x < w; ++x) {
-                    const float *s = src + (x0 + x) * sx + p0;
-                    float *d = panel + p0 * W + x;
-#pragma GCC unroll 16
-                    for (int t = 0; t < 16; ++t) d[t * W] = s[t];
-                }
+            for (; p0 + L <= kc; p0 += L)
+                for (int64_t xg = 0; xg < w; xg += L)
+                    Transpose<Arch>::block(src + (x0 + xg) * sx + p0, sx, static_cast<int>(w - xg < L ? w - xg : L),
+                                           panel + p0 * W + xg, W);
             for (int64_t x = 0; x < w; ++x)
                 for (int64_t p = p0; p < kc; ++p) panel[p * W + x] = src[(x0 + x) * sx + p];
         }

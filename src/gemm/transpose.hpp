@@ -1,0 +1,80 @@
+// Per-ISA register transposes for packing: an L x L block (L = vector width) of floats is read
+// as L rows and written as L columns. Include only from an ISA's translation unit.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+namespace mha::gemm {
+namespace {
+
+template <class Arch>
+struct Transpose;
+
+#if defined(__AVX512F__)
+template <>
+struct Transpose<xsimd::avx512f> {
+    static constexpr int L = 16;
+    // Reads rows [0, g) of src (row stride ld, 16 floats each; rows past g read as zero) and
+    // writes, for t in [0, 16), lanes [0, g) of column t to dst + t * dst_ld.
+    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; ++i) r[i] = i < g ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+            r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        }
+        for (int h = 0; h < 16; h += 8)
+            for (int i = 0; i < 4; ++i) {
+                t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+                t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+            }
+        for (int i = 0; i < 8; ++i) {
+            r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+            r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+        }
+        const __mmask16 mask = static_cast<__mmask16>((1u << g) - 1u);
+        for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
+    }
+};
+#endif
+
+#if defined(__AVX2__)
+template <>
+struct Transpose<xsimd::fma3<xsimd::avx2>> {
+    static constexpr int L = 8;
+    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
+        __m256 r[8], t[8];
+        for (int i = 0; i < 8; ++i) r[i] = i < g ? _mm256_loadu_ps(src + i * ld) : _mm256_setzero_ps();
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+            r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+        }
+        for (int i = 0; i < 4; ++i) {
+            t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+            t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+        }
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lane);
+        for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
+    }
+};
+#endif
+
+} // namespace
+} // namespace mha::gemm
