@@ -18,9 +18,9 @@ struct CacheSizes {
 struct TileConfig {
     // GEMM microkernel variant, by name from the kernel list ("avx512_14x32", "avx2_6x16", ...).
     std::string gemm_ukernel;
-    int64_t mc = 0;  // rows of the packed A block (multiple of MR)
+    int64_t mc = 0;  // rows of the packed A block, shared by the threads (multiple of MR)
     int64_t kc = 0;  // depth of a packed block
-    int64_t nc = 0;  // columns of the packed B block (multiple of NR)
+    int64_t nc = 0;  // columns of a packed B block, one per thread (multiple of NR)
     // Small-problem ("sup") path: no packing of A when op(B) has at most sup_max_n columns, or when
     // the depth is at most sup_max_k and the whole A fits in half of L2.
     int64_t sup_max_n = 0;

@@ -49,45 +49,49 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
     parallel_items(ceil_div(count, per), [&](int64_t i) { fn(i * per, std::min(count, (i + 1) * per)); });
 }
 
-// The packed path: five loops around the microkernel. Threads split the JC block's IC and JR
-// ranges, never PC, so every element of C sums its products in the same order for any thread count.
+// The packed path: Goto's five loops around the microkernel. A row-major C = A B is, to BLIS's
+// column-major loops, C^T = B^T A^T, so the loops below carry BLIS's names for that product: our A
+// is BLIS's B (broadcast by the microkernel; one block shared by all threads, its micro-panel in
+// L1) and our B is BLIS's A (vector loads; each thread packs its own block into its L2).
+// Threads split the JC/IC work, never PC, so every element of C sums its products in the same
+// order for any thread count.
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
     const SgemmKernel &uk = *s.sgemm;
     const int64_t MR = uk.mr, NR = uk.nr, T = s.num_threads;
     const TileConfig &t = s.tiles;
     const int64_t kc_max = std::min(k, t.kc);
-    const int64_t nc_max = std::min(round_up(n, NR), t.nc);
-    // MC only sizes the work items (rows start at multiples of MR either way), so it may follow the
-    // thread count: round the number of IC blocks up to a multiple of T so the threads finish together.
-    int64_t n_ic = ceil_div(m, t.mc);
-    n_ic = std::min(ceil_div(m, MR), round_up(n_ic, T));
-    const int64_t mc = round_up(ceil_div(m, n_ic), MR);
-    n_ic = ceil_div(m, mc);
+    const int64_t mc_max = std::min(round_up(m, MR), t.mc);
+    // NC only sizes the work items (columns start at multiples of NR either way), so it may follow
+    // the thread count: round the number of B blocks up to a multiple of T so the threads finish together.
+    int64_t n_blocks = std::min(ceil_div(n, NR), round_up(ceil_div(n, t.nc), T));
+    const int64_t nc = round_up(ceil_div(n, n_blocks), NR);
+    n_blocks = ceil_div(n, nc);
+    // With fewer B blocks than threads (a narrow C), also split the rows of the A block.
+    const int64_t row_split = n_blocks >= T ? 1 : std::min(ceil_div(mc_max, MR), ceil_div(T, n_blocks));
 
-    const int64_t a_size = mc * kc_max;
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * nc_max + s.slots * a_size));
-    float *bp = scratch.data(), *a_packs = bp + kc_max * nc_max;
-    for (int64_t jc = 0; jc < n; jc += t.nc) {                   // JC: NC columns of B
-        const int64_t nc = std::min(t.nc, n - jc);
-        const int64_t n_jr = ceil_div(nc, NR);
-        // With fewer IC blocks than threads, also split the JR panels.
-        const int64_t jr_split = n_ic >= T ? 1 : std::min(n_jr, ceil_div(T, n_ic));
-        const int64_t jr_per = ceil_div(n_jr, jr_split);
-        for (int64_t pc = 0; pc < k; pc += t.kc) {               // PC: KC depth; pack B
+    const int64_t b_size = kc_max * nc;
+    auto scratch = s.pool.borrow(static_cast<size_t>(mc_max * kc_max + s.slots * b_size));
+    float *ap = scratch.data(), *b_packs = ap + mc_max * kc_max;
+    for (int64_t ic = 0; ic < m; ic += t.mc) {                   // JC: MC rows of A
+        const int64_t mc = std::min(t.mc, m - ic), n_ir = ceil_div(mc, MR);
+        const int64_t ir_per = ceil_div(n_ir, row_split);
+        for (int64_t pc = 0; pc < k; pc += t.kc) {               // PC: KC deep; pack the A block
             const int64_t kc = std::min(t.kc, k - pc);
-            parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
-                const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
-                uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
+            parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {
+                const int64_t i0 = ir0 * MR, rows = std::min(mc, ir1 * MR) - i0;
+                uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + i0 * kc);
             });
             const float beta = pc == 0 ? c.beta : 1.0f;
-            parallel_items(n_ic * jr_split, [&](int64_t item) {   // IC: MC rows of A; pack A
-                const int64_t ic = item / jr_split * mc, mcur = std::min(mc, m - ic);
-                const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
-                if (jr0 >= jr1) return;
-                float *ap = a_packs + RuntimeState::this_thread_slot() * a_size;
-                uk.pack_a(mcur, kc, a.at(ic, pc), a.rs, a.cs, ap);
+            parallel_items(n_blocks * row_split, [&](int64_t item) { // IC: NC columns of B; pack B
+                const int64_t jc = item / row_split * nc, ncur = std::min(nc, n - jc);
+                const int64_t ir0 = item % row_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
+                if (ir0 >= ir1) return;
+                float *bp = b_packs + RuntimeState::this_thread_slot() * b_size;
+                uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, bp);
+                const int64_t i0 = ir0 * MR;
                 // JR and IR run inside the ISA's translation unit.
-                uk.macro_packed(mcur, nc, kc, jr0, jr1, ap, bp, c.p + ic * c.ld + jc, c.ld, c.alpha, beta);
+                uk.macro_packed(std::min(mc, ir1 * MR) - i0, ncur, kc, ap + i0 * kc, bp, c.p + (ic + i0) * c.ld + jc,
+                                c.ld, c.alpha, beta);
             });
         }
     }

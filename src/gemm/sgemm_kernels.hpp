@@ -29,9 +29,10 @@ struct SupArgs {
 // element (x, p) = src[x * sx + p * sp] goes to out[(x / W) * W * kc + p * W + x % W], zero-padded.
 // A: x = row, sx = rs_a, sp = cs_a. B: x = column, sx = cs_b, sp = rs_b.
 using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out);
-// JR and IR loops over packed blocks: panels [jr0, jr1) of C[0:mc, 0:nc] = alpha * A * B + beta * C.
-using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t jr1, const float *ap,
-                               const float *bp, float *c, int64_t ldc, float alpha, float beta);
+// The JR and IR loops over a packed mc x kc block of A and kc x nc block of B:
+// C[0:mc, 0:nc] = alpha * A * B + beta * C.
+using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c,
+                               int64_t ldc, float alpha, float beta);
 using MacroSupFn = void (*)(const SupArgs &args);
 
 struct SgemmKernel {

@@ -42,24 +42,23 @@ inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, i
     }
 }
 
-// The two innermost loops (JR, IR) over a packed mc x kc block of A and kc x nc block of B,
-// for NR-column panels [jr0, jr1) of the block.
+// The two innermost loops over a packed mc x kc block of A and kc x nc block of B. The A
+// micro-panel (MR x kc) stays in L1 while the B micro-panels stream past it from L2.
 template <class Arch, int MR, int NV>
-void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t jr1, const float *ap,
-                        const float *bp, float *c, int64_t ldc, float alpha, float beta) {
+void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
+                        float alpha, float beta) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
-    for (int64_t jr = jr0; jr < jr1; ++jr) {                 // JR: NR columns
-        const int64_t j = jr * NR, nr = nc - j < NR ? nc - j : NR;
-        const float *bpanel = bp + j * kc;
-        for (int64_t i = 0; i < mc; i += MR) {                 // IR: MR rows
-            const float *apanel = ap + i * kc;
-            const int64_t mr = mc - i < MR ? mc - i : MR;
+    for (int64_t i = 0; i < mc; i += MR) {                     // JR: MR rows of A
+        const float *apanel = ap + i * kc;
+        const int64_t mr = mc - i < MR ? mc - i : MR;
+        for (int64_t j = 0; j < nc; j += NR) {                 // IR: NR columns of B
+            const float *bpanel = bp + j * kc;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b) {
                 if (mr == MR)
                     sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
                 else
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
-            }, mr, nr, c + i * ldc + j, ldc, beta);
+            }, mr, nc - j < NR ? nc - j : NR, c + i * ldc + j, ldc, beta);
         }
     }
 }
@@ -68,10 +67,10 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, int64_t jr0, int64_t
 template <class Arch, int MR, int NV>
 void sgemm_macro_sup(const SupArgs &s) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
-    for (int64_t i = 0; i < s.mc; i += MR) {                  // IR: MR rows, in place
+    for (int64_t i = 0; i < s.mc; i += MR) {                  // JR: MR rows of A, in place
         const int64_t mr = s.mc - i < MR ? s.mc - i : MR;
         const float *a = s.a + i * s.rs_a;
-        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {          // JR: NR columns
+        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {          // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta) {
                 if (s.b && nr == NR)

@@ -47,8 +47,8 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         V bv[NV];
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) bv[j] = V::load_unaligned(b + j * W);
-        // The A micro-panel streams from L2 (the B panel stays in L1): fetch it ahead.
-        if constexpr (LA == Layout::packed) __builtin_prefetch(a + 24 * MR);
+        // B streams from L2 past the A micro-panel, which stays in L1: fetch B ahead.
+        __builtin_prefetch(b + 8 * rs_b);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
             const V ai(a[i * rs_a]);

@@ -27,17 +27,18 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     constexpr int64_t f = sizeof(float);
     TileConfig t;
     t.gemm_ukernel = uk.name;
-    // KC: the KC x NR micro-panel of B is the operand each IR step reuses, so it gets L1; the MR x KC
-    // micro-panels of A stream from L2 through broadcast loads (Low et al. 2016 size B against L1
-    // the same way). 48 KiB L1, NR = 32 -> KC = 384. Measured on a 48 KiB-L1 Xeon at 1024^3:
-    // KC = 384 ran 5-10% faster than 192 or 256 (fewer C-tile round trips); 512 was no better.
-    t.kc = std::clamp<int64_t>(round_down(caches.l1d / (uk.nr * f), 8), 64, 1024);
-    // MC: the MC x KC block of A takes half of L2, the other half holds B micro-panels and C lines.
-    // 2 MiB L2, KC = 384 -> MC = 672 (a multiple of MR = 14).
-    t.mc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.mr), uk.mr, 4096 / uk.mr * uk.mr);
-    // NC: the KC x NC block of B lives in a quarter of L3 (shared with other cores); capped at 4096
-    // columns so the packing buffer stays a few MiB.
-    t.nc = std::clamp<int64_t>(round_down(caches.l3 / 4 / (t.kc * f), uk.nr), uk.nr, 4096 / uk.nr * uk.nr);
+    // The microkernel broadcasts A and loads B vectors, so (as in BLIS for the transposed product)
+    // the A micro-panel is reused from L1 while B micro-panels stream in from L2 (Low et al. 2016).
+    // KC: an MR x KC micro-panel of A and a KC x NR micro-panel of B fill L1 together, so A is
+    // still in L1 when the next B panel comes. 48 KiB L1, 14x32 -> KC = 264. Measured at 1024^3
+    // and 2048^3: KC 256 beat 176 by 3-5% and 320-432 by 2-4% (A starts to be evicted).
+    t.kc = std::clamp<int64_t>(round_down(caches.l1d / ((uk.mr + uk.nr) * f), 8), 64, 1024);
+    // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
+    // 2 MiB L2, KC = 264 -> NC = 992 (a multiple of NR = 32). 256 to 1024 measured within noise.
+    t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
+    // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
+    // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
+    t.mc = std::clamp<int64_t>(round_down(caches.l3 / 4 / (t.kc * f), uk.mr), uk.mr, 4096 / uk.mr * uk.mr);
     // Small problems: with few columns (P.V with Dv <= 64) or a short depth (Q.K^T with Dqk <= KC),
     // packing A costs as much as the product itself, so A is read in place.
     t.sup_max_n = 2 * uk.nr;
