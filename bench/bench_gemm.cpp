@@ -55,10 +55,11 @@ void run(benchmark::State &state, const bench::GemmShape &s, int threads, Impl i
 } // namespace
 
 int main(int argc, char **argv) {
-    bench::ensure_openblas_coretype(argv);
+    bench::ensure_anchor_environment(argv);
     for (int threads : {1, 2}) g_peak[threads] = bench::measure_fma_peak_gflops(threads);
-    std::printf("FMA peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads); anchors: oneDNN %s, %s\n",
-                g_peak[1], g_peak[2], bench::has_dnnl() ? "yes" : "no", bench::openblas_label().c_str());
+    std::printf("FMA peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads); anchors: oneDNN %s, OpenBLAS %s; %s\n",
+                g_peak[1], g_peak[2], bench::has_dnnl() ? "yes" : "no", bench::has_openblas() ? "yes" : "no",
+                bench::anchor_environment().c_str());
     for (const auto &s : bench::gemm_shapes())
         for (int threads : {1, 2}) {
             std::vector<std::pair<const char *, Impl>> impls = {{"mha", Impl::mha}};

@@ -81,19 +81,31 @@ double measure_read_bandwidth_gbs(int threads) {
     return static_cast<double>(per * threads) * sizeof(float) / s * 1e-9;
 }
 
-void ensure_openblas_coretype(char **argv) {
+void ensure_anchor_environment(char **argv) {
+    // Idle anchor threads must not spin on the cores the next measurement uses: OpenBLAS's pool
+    // otherwise busy-waits for about 2^28 cycles after each call, and libgomp (oneDNN) spins too.
+    bool changed = false;
+    auto set_default = [&](const char *name, const char *value) {
+        if (!std::getenv(name)) {
+            setenv(name, value, 1);
+            changed = true;
+        }
+    };
 #ifdef MHA_HAVE_OPENBLAS
-    if (std::getenv("OPENBLAS_CORETYPE")) return;
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-    execv("/proc/self/exe", argv);  // only returns on failure; then OpenBLAS runs with its own guess
-#else
-    (void)argv;
+    set_default("OPENBLAS_CORETYPE", "SkylakeX");
+    set_default("OPENBLAS_THREAD_TIMEOUT", "4");
 #endif
+#ifdef MHA_HAVE_DNNL
+    set_default("OMP_WAIT_POLICY", "PASSIVE");
+#endif
+    if (changed) execv("/proc/self/exe", argv);  // returns only on failure: run on as we are
 }
 
-std::string openblas_label() {
-    const char *ct = std::getenv("OPENBLAS_CORETYPE");
-    return std::string("OpenBLAS (OPENBLAS_CORETYPE=") + (ct ? ct : "unset") + ")";
+std::string anchor_environment() {
+    std::string out;
+    for (const char *name : {"OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY"})
+        if (const char *v = std::getenv(name)) out += std::string(out.empty() ? "" : " ") + name + "=" + v;
+    return out;
 }
 
 bool has_dnnl() {

@@ -32,10 +32,12 @@ double measure_fma_peak_gflops(int threads);
 double measure_read_bandwidth_gbs(int threads);
 
 // Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects this
-// CPU and runs about 6x slower) and re-executes the program so OpenBLAS sees it when it loads.
-void ensure_openblas_coretype(char **argv);
-// "OpenBLAS (OPENBLAS_CORETYPE=SkylakeX)", or with whatever the environment sets.
-std::string openblas_label();
+// CPU and runs about 6x slower), and stops idle OpenBLAS/OpenMP threads from spinning between
+// calls (OPENBLAS_THREAD_TIMEOUT=4, OMP_WAIT_POLICY=PASSIVE), unless the environment sets them;
+// then re-executes the program so the libraries see them when they load.
+void ensure_anchor_environment(char **argv);
+// The anchor settings in force, "NAME=value ...", for the report.
+std::string anchor_environment();
 
 // The anchors, each run on `threads` threads. has_*() says whether it was compiled in.
 bool has_dnnl();

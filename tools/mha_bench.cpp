@@ -123,8 +123,8 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
     std::printf(", read bandwidth %.1f GB/s (1 thread)\n", bw);
-    std::printf("anchors: oneDNN %s; %s\n", bench::has_dnnl() ? "dnnl_sgemm 2.x" : "not built",
-                bench::has_openblas() ? bench::openblas_label().c_str() : "OpenBLAS not built");
+    std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
+                bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
     std::printf("vs X = X's time / mha's time (above 1: mha is faster)\n\n");
     std::string suite;
     for (const auto &r : rows) {
@@ -147,7 +147,7 @@ void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
     j["peak_gflops_threads"] = ctx.peak.begin()->first;
     for (auto [t, g] : ctx.peak) j["peak_gflops_by_threads"][std::to_string(t)] = g;
     j["bandwidth_gbs"] = bw;
-    j["openblas_coretype"] = bench::openblas_label();
+    j["anchor_environment"] = bench::anchor_environment();
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
         nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
@@ -162,7 +162,7 @@ void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
 } // namespace
 
 int main(int argc, char **argv) {
-    bench::ensure_openblas_coretype(argv);
+    bench::ensure_anchor_environment(argv);
     Context ctx;
     try {
         parse_args(argc, argv, ctx.opt);
