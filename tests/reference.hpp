@@ -1,6 +1,7 @@
 // Plain double-precision references that every kernel is tested against.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -31,6 +32,22 @@ inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, double alph
             out[static_cast<size_t>(i * n + j)] = r;
             magnitude[static_cast<size_t>(i * n + j)] = rm;
         }
+}
+
+} // namespace mha::ref
+
+namespace mha::ref {
+
+// Softmax of one row in double: -inf entries give 0, a row of only -inf gives zeros.
+inline std::vector<double> softmax_row(const float *x, int64_t n) {
+    std::vector<double> y(static_cast<size_t>(n), 0.0);
+    double m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+    if (m == -INFINITY) return y;
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += y[static_cast<size_t>(i)] = std::exp(static_cast<double>(x[i]) - m);
+    for (auto &v : y) v /= s;
+    return y;
 }
 
 } // namespace mha::ref

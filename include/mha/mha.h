@@ -41,6 +41,14 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc);
 
+/* y[r, :] = softmax(x[r, :]) for each of rows rows of cols values; x == y (same ld) is allowed.
+ * -INFINITY entries get probability 0; a row of only -INFINITY gets all zeros; a NaN makes its row
+ * NaN (and +INFINITY too, as +inf - +inf is NaN). Rows are max-subtracted, so logits up to +-3e38
+ * never overflow. Elements past cols in each row are never read or written. rows == 0 or
+ * cols == 0 is a valid empty call. */
+mha_status mha_softmax(mha_runtime *rt, int64_t rows, int64_t cols,
+                       const float *x, int64_t ldx, float *y, int64_t ldy);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "gemm/sgemm_validate.hpp"
+#include "runtime/validate.hpp"
 #include "mha/gemm.hpp"
 #include "runtime/runtime_state.hpp"
 
@@ -13,6 +13,8 @@ namespace gemm {
 namespace {
 
 using detail::RuntimeState;
+using detail::check_matrix;
+using detail::check_size;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }

@@ -6,6 +6,7 @@
 #include "mha/gemm.hpp"
 #include "mha/mha.h"
 #include "mha/runtime.hpp"
+#include "mha/softmax.hpp"
 
 struct mha_runtime {
     mha::Runtime rt;
@@ -66,6 +67,11 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
         mha::sgemm(runtime_of(rt), static_cast<mha::Trans>(transa), static_cast<mha::Trans>(transb), m, n, k,
                    alpha, a, lda, b, ldb, beta, c, ldc);
     });
+}
+
+mha_status mha_softmax(mha_runtime *rt, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *y,
+                       int64_t ldy) {
+    return guarded([&] { mha::softmax(runtime_of(rt), rows, cols, x, ldx, y, ldy); });
 }
 
 } // extern "C"

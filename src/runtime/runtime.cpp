@@ -74,6 +74,7 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     s.tiles = o.tiles ? *o.tiles : default_tile_config(s.isa, detect_cache_sizes());
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
+    s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);
     s.arena.initialize(s.num_threads);
     s.slots = s.arena.max_concurrency();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gemm/sgemm_kernels.hpp"
+#include "softmax/softmax_table.hpp"
 #include "mha/runtime.hpp"
 
 namespace mha::detail {
@@ -57,6 +58,7 @@ struct RuntimeState {
     Isa isa = Isa::avx2;
     TileConfig tiles;
     const gemm::SgemmKernel *sgemm = nullptr;
+    const softmax_detail::SoftmaxKernels *softmax_kernels = nullptr;
     tbb::task_arena arena;
     // Scratch is borrowed per call, all of it before the call writes anything, so running out of
     // memory never leaves an output half written. A call splits its per-thread part by arena slot:

@@ -1,4 +1,4 @@
-// Argument checks shared by the GEMM entry points.
+// Argument checks shared by the public entry points.
 #pragma once
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 
 #include "mha/error.hpp"
 
-namespace mha::gemm {
+namespace mha::detail {
 
 // Checks a stored rows x cols matrix with leading dimension ld: ld >= max(1, cols), the extent
 // (rows - 1) * ld + cols fits in int64 and in the address space, and data is not NULL when the
@@ -31,4 +31,8 @@ inline void check_size(const char *name, int64_t v) {
     if (v < 0) invalid_argument(std::string(name) + " = " + std::to_string(v) + " is negative");
 }
 
-} // namespace mha::gemm
+inline void check_not_null(const char *name, const void *p) {
+    if (!p) invalid_argument(std::string(name) + " is NULL");
+}
+
+} // namespace mha::detail

@@ -1,0 +1,155 @@
+// The softmax kernels, written once over an xsimd architecture and instantiated per ISA
+// (kernels_<isa>.cpp). Built from three small primitives, as XNNPACK builds its softmax: the row
+// max, exp(x - max) with a running sum and a store, and a scale.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "softmax/partial.hpp"
+#include "softmax/vexp.hpp"
+
+namespace mha::softmax_detail {
+namespace {
+
+template <class Arch>
+struct RowKernels {
+    using V = xsimd::batch<float, Arch>;
+    using P = Partial<Arch>;
+    static constexpr int64_t W = static_cast<int64_t>(V::size);
+    static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+    static float reduce_max(const V &v) {
+        alignas(64) float lanes[W];
+        v.store_aligned(lanes);
+        float m = lanes[0];
+        for (int64_t i = 1; i < W; ++i) m = lanes[i] > m ? lanes[i] : m;
+        return m;
+    }
+
+    // The largest of x[0:n] (-inf for n == 0), or NaN if any x is NaN.
+    static float row_max(const float *x, int64_t n) {
+        V m0(kNegInf), m1(kNegInf);
+        auto nan = xsimd::batch_bool<float, Arch>(false);
+        int64_t i = 0;
+        for (; i + 2 * W <= n; i += 2 * W) {
+            const V a = V::load_unaligned(x + i), b = V::load_unaligned(x + i + W);
+            nan = nan | (a != a) | (b != b);
+            m0 = xsimd::max(m0, a);
+            m1 = xsimd::max(m1, b);
+        }
+        for (; i + W <= n; i += W) {
+            const V a = V::load_unaligned(x + i);
+            nan = nan | (a != a);
+            m0 = xsimd::max(m0, a);
+        }
+        if (i < n) {
+            const V a = P::load(x + i, n - i, kNegInf);
+            nan = nan | (a != a);
+            m1 = xsimd::max(m1, a);
+        }
+        if (xsimd::any(nan)) return std::numeric_limits<float>::quiet_NaN();
+        return reduce_max(xsimd::max(m0, m1));
+    }
+
+    // y[i] = exp(x[i] - max) for i < n; returns their sum, accumulated in four registers in an
+    // order that depends only on n. x == y is allowed.
+    static float exp_store_sum(const float *x, int64_t n, float max, float *y) {
+        const V vm(max);
+        V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+        int64_t i = 0;
+        for (; i + 4 * W <= n; i += 4 * W) {
+            const V e0 = vexp<Arch>(V::load_unaligned(x + i) - vm);
+            const V e1 = vexp<Arch>(V::load_unaligned(x + i + W) - vm);
+            const V e2 = vexp<Arch>(V::load_unaligned(x + i + 2 * W) - vm);
+            const V e3 = vexp<Arch>(V::load_unaligned(x + i + 3 * W) - vm);
+            e0.store_unaligned(y + i);
+            e1.store_unaligned(y + i + W);
+            e2.store_unaligned(y + i + 2 * W);
+            e3.store_unaligned(y + i + 3 * W);
+            s0 += e0;
+            s1 += e1;
+            s2 += e2;
+            s3 += e3;
+        }
+        for (; i + W <= n; i += W) {
+            const V e = vexp<Arch>(V::load_unaligned(x + i) - vm);
+            e.store_unaligned(y + i);
+            s0 += e;
+        }
+        if (i < n) {
+            const V e = vexp<Arch>(P::load(x + i, n - i, kNegInf) - vm);  // padding gives exp(-inf) = 0
+            P::store(y + i, n - i, e);
+            s1 += e;
+        }
+        return xsimd::hadd((s0 + s1) + (s2 + s3));
+    }
+
+    // y[0:n] *= s
+    static void scale(float *y, int64_t n, float s) {
+        const V vs(s);
+        int64_t i = 0;
+        for (; i + W <= n; i += W) (V::load_unaligned(y + i) * vs).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, P::load(y + i, n - i, 0.0f) * vs);
+    }
+
+    static void fill(float *y, int64_t n, float v) {
+        int64_t i = 0;
+        for (; i + W <= n; i += W) V(v).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, V(v));
+    }
+
+    // One row of softmax; see mha/softmax.hpp for the semantics of -inf, NaN and empty rows.
+    static void row(const float *x, int64_t n, float *y) {
+        const float m = row_max(x, n);
+        if (std::isnan(m)) return fill(y, n, std::numeric_limits<float>::quiet_NaN());
+        if (m == kNegInf) return fill(y, n, 0.0f);  // only -inf: no probability anywhere
+        const float sum = exp_store_sum(x, n, m, y);
+        scale(y, n, 1.0f / sum);
+    }
+
+    static void rows(int64_t rows, int64_t cols, const float *x, int64_t ldx, float *y, int64_t ldy) {
+        for (int64_t r = 0; r < rows; ++r) row(x + r * ldx, cols, y + r * ldy);
+    }
+
+    // The online softmax step (Milakov & Gimelshein 2018, as used by FlashAttention): folds a
+    // block of scores into the running max m and sum l of each row, turns the block into
+    // P = exp(s - m_new) in place, and rescales the row's accumulated output by exp(m_old - m_new).
+    static void online_fold(int64_t rows, int64_t cols, float *s, int64_t lds, float *m, float *l, float *acc,
+                            int64_t ldacc, int64_t acc_cols) {
+        for (int64_t r = 0; r < rows; ++r) {
+            float *sr = s + r * lds;
+            const float bm = row_max(sr, cols);
+            const float m_new = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
+            if (m_new == kNegInf) {  // nothing visible yet: P = 0, the state stays empty
+                fill(sr, cols, 0.0f);
+                continue;
+            }
+            const float alpha = std::exp(m[r] - m_new);  // 0 when m was -inf
+            const float sum = exp_store_sum(sr, cols, m_new, sr);
+            l[r] = l[r] * alpha + sum;
+            if (alpha != 1.0f) scale(acc + r * ldacc, acc_cols, alpha);
+            m[r] = m_new;
+        }
+    }
+
+    // acc[r, :] /= l[r]; a row that never saw a visible score (l == 0) becomes zeros.
+    static void online_finish(int64_t rows, const float *l, float *acc, int64_t ldacc, int64_t acc_cols) {
+        for (int64_t r = 0; r < rows; ++r) {
+            if (l[r] == 0.0f)
+                fill(acc + r * ldacc, acc_cols, 0.0f);
+            else
+                scale(acc + r * ldacc, acc_cols, 1.0f / l[r]);
+        }
+    }
+
+    static void exp(int64_t n, const float *x, float *y) {
+        int64_t i = 0;
+        for (; i + W <= n; i += W) vexp<Arch>(V::load_unaligned(x + i)).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, vexp<Arch>(P::load(x + i, n - i, 0.0f)));
+    }
+};
+
+} // namespace
+} // namespace mha::softmax_detail

@@ -1,0 +1,215 @@
+// The vector exp, the row softmax and the online softmax against double precision, on every ISA
+// the host supports: tails, -inf patterns, NaN rows, huge logits, in-place use, padding, threads
+// and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "mha/mha.h"
+#include "mha/softmax.hpp"
+#include "reference.hpp"
+#include "runtime/runtime_state.hpp"
+#include "test_util.hpp"
+
+using namespace mha;
+using mha::test::kSentinel;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The tolerance: 2e-6 relative to double, plus what no float32 softmax can avoid: x - max rounded
+// to float is off by up to half an ulp of |x - max|, which scales exp(x - max) by up to
+// |x - max| * 2^-24 relative (that matters for tiny probabilities, where |x - max| is large), and
+// an absolute floor for probabilities that underflow float.
+bool close(double got, double want, double gap) {
+    return std::fabs(got - want) <= (2e-6 + gap * 0x1p-24) * std::fabs(want) + 1e-37;
+}
+
+// Checks rows x cols of y (ld ldy) against the double softmax of x; returns the number of misses.
+int check_rows(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t rows, int64_t cols,
+               const std::string &what) {
+    int bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const auto want = ref::softmax_row(x + r * ldx, cols);
+        float mx = -kInf;
+        for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, x[r * ldx + c]);
+        for (int64_t c = 0; c < cols; ++c) {
+            const float got = y[r * ldy + c];
+            double gap = std::fabs(static_cast<double>(x[r * ldx + c]) - mx);
+            if (!std::isfinite(gap)) gap = 0;  // -inf entries: want exactly 0
+            if (!close(got, want[static_cast<size_t>(c)], gap) && bad++ < 3)
+                FAIL_CHECK(what << " row " << r << " col " << c << ": got " << got << " want " << want[static_cast<size_t>(c)]);
+        }
+    }
+    return bad;
+}
+
+std::vector<Isa> isas() { return supported_isas(); }
+
+} // namespace
+
+TEST_CASE("vector exp: accuracy over the float range, exact 0 for -inf, NaN stays NaN") {
+    for (Isa isa : isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        const auto &k = *rt.state().softmax_kernels;
+        std::vector<float> x;
+        for (double v = -87.3; v <= 88.0; v += 0.0137) x.push_back(static_cast<float>(v));
+        for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.34657359f, -0.34657359f, 1.0f, -1.0f}) x.push_back(v);
+        std::vector<float> y(x.size());
+        k.exp(static_cast<int64_t>(x.size()), x.data(), y.data());
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(y[i] / std::exp(static_cast<double>(x[i])) - 1));
+        CHECK(worst < 3e-7);
+        const float special[] = {-kInf, -1e30f, -200.0f, -88.0f, kNaN, 0.0f};
+        float out[6];
+        k.exp(6, special, out);
+        CHECK(out[0] == 0.0f);
+        CHECK(out[1] == 0.0f);
+        CHECK(out[2] == 0.0f);
+        CHECK(out[3] == 0.0f);
+        CHECK(std::isnan(out[4]));
+        CHECK(out[5] == 1.0f);
+    }
+}
+
+TEST_CASE("softmax against double: tails, spreads up to 1e3, padding never written") {
+    std::vector<int64_t> widths;
+    for (int64_t c = 1; c <= 33; ++c) widths.push_back(c);
+    for (int64_t c : {63, 64, 65, 127, 128, 129, 1000, 4097}) widths.push_back(c);
+    for (Isa isa : isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        for (int64_t cols : widths)
+            for (float spread : {1.0f, 30.0f, 1000.0f}) {
+                const int64_t rows = 3, ld = cols + 5;
+                auto x = test::random_floats(static_cast<size_t>(rows * ld), static_cast<uint32_t>(cols), -spread, spread);
+                std::vector<float> y(static_cast<size_t>(rows * ld), kSentinel);
+                softmax(rt, rows, cols, x.data(), ld, y.data(), ld);
+                const std::string what = "cols=" + std::to_string(cols) + " spread=" + std::to_string(spread);
+                CHECK_MESSAGE(check_rows(x.data(), ld, y.data(), ld, rows, cols, what) == 0, what);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t c = cols; c < ld; ++c) CHECK(y[static_cast<size_t>(r * ld + c)] == kSentinel);
+            }
+    }
+}
+
+TEST_CASE("rows exactly as long as their buffers: tails never read past the row (ASan checks)") {
+    for (Isa isa : isas()) {
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        for (int64_t cols : {1, 7, 15, 17, 31, 33}) {
+            auto x = test::random_floats(static_cast<size_t>(cols), 9);
+            std::vector<float> y(static_cast<size_t>(cols));
+            softmax(rt, 1, cols, x.data(), cols, y.data(), cols);
+            CHECK(check_rows(x.data(), cols, y.data(), cols, 1, cols, "exact") == 0);
+        }
+    }
+}
+
+TEST_CASE("-inf entries, all -inf rows, NaN rows, +inf, and logits of +-3e38") {
+    for (Isa isa : isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        const int64_t cols = 37, rows = 7;
+        auto x = test::random_floats(static_cast<size_t>(rows * cols), 4, -5.0f, 5.0f);
+        auto row = [&](int64_t r) { return x.data() + r * cols; };
+        for (int64_t c = 0; c < cols; c += 3) row(0)[c] = -kInf;             // -inf pattern
+        for (int64_t c = 0; c < cols; ++c) row(1)[c] = -kInf;                 // all -inf
+        row(2)[17] = kNaN;                                                     // NaN row
+        row(4)[36] = kInf;                                                     // +inf row
+        for (int64_t c = 0; c < cols; ++c) row(5)[c] = (c % 2) ? 3e38f : -3e38f;
+        for (int64_t c = 0; c < cols; ++c) row(6)[c] = -3e38f + static_cast<float>(c) * 1e32f;
+        std::vector<float> y(x.size());
+        softmax(rt, rows, cols, x.data(), cols, y.data(), cols);
+        auto out = [&](int64_t r, int64_t c) { return y[static_cast<size_t>(r * cols + c)]; };
+        for (int64_t c = 0; c < cols; ++c) {
+            if (c % 3 == 0) CHECK(out(0, c) == 0.0f);
+            CHECK(out(1, c) == 0.0f);
+            CHECK(std::isnan(out(2, c)));
+            CHECK(std::isnan(out(4, c)));
+            CHECK(std::isfinite(out(5, c)));
+            CHECK(std::isfinite(out(6, c)));
+        }
+        for (int64_t r : {0, 3, 5, 6}) CHECK(check_rows(row(r), cols, &y[static_cast<size_t>(r * cols)], cols, 1, cols, "row") == 0);
+    }
+}
+
+TEST_CASE("in place, and the same bits on 1 and 2 threads and for a row alone or among others") {
+    const int64_t rows = 300, cols = 257;
+    auto x = test::random_floats(static_cast<size_t>(rows * cols), 5, -20.0f, 20.0f);
+    for (Isa isa : isas()) {
+        Runtime r1(RuntimeOptions{1, isa, {}}), r2(RuntimeOptions{2, isa, {}});
+        std::vector<float> y1(x.size()), y2(x.size());
+        softmax(r1, rows, cols, x.data(), cols, y1.data(), cols);
+        softmax(r2, rows, cols, x.data(), cols, y2.data(), cols);
+        CHECK(test::same_bits(y1, y2));
+        auto inplace = x;
+        softmax(r2, rows, cols, inplace.data(), cols, inplace.data(), cols);
+        CHECK(test::same_bits(inplace, y1));
+        std::vector<float> alone(static_cast<size_t>(cols));
+        softmax(r1, 1, cols, x.data() + 123 * cols, cols, alone.data(), cols);
+        CHECK(std::equal(alone.begin(), alone.end(), y1.begin() + 123 * cols));
+    }
+}
+
+TEST_CASE("online softmax: folding in blocks of any size equals the one-shot softmax") {
+    const int64_t rows = 5, cols = 203;
+    auto x = test::random_floats(static_cast<size_t>(rows * cols), 6, -30.0f, 30.0f);
+    for (int64_t c = 0; c < 50; ++c) x[static_cast<size_t>(cols + c)] = -kInf;  // row 1: first 50 masked
+    for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(2 * cols + c)] = -kInf;  // row 2: all masked
+    for (Isa isa : isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        Runtime rt(RuntimeOptions{1, isa, {}});
+        for (int64_t block : std::initializer_list<int64_t>{1, 3, 16, 17, 50, 64, 100, cols}) {
+            CAPTURE(block);
+            // With V = identity, the accumulator collects P itself, so after finishing it must be
+            // the softmax of the row.
+            std::vector<float> m(rows, -kInf), l(rows, 0.0f), acc(static_cast<size_t>(rows * cols), 0.0f);
+            for (int64_t c0 = 0; c0 < cols; c0 += block) {
+                const int64_t w = std::min(block, cols - c0);
+                std::vector<float> s(static_cast<size_t>(rows * w));
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t c = 0; c < w; ++c) s[static_cast<size_t>(r * w + c)] = x[static_cast<size_t>(r * cols + c0 + c)];
+                online_softmax_fold(rt, rows, w, s.data(), w, m.data(), l.data(), acc.data(), cols, cols);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t c = 0; c < w; ++c) acc[static_cast<size_t>(r * cols + c0 + c)] += s[static_cast<size_t>(r * w + c)];
+            }
+            online_softmax_finish(rt, rows, l.data(), acc.data(), cols, cols);
+            CHECK(check_rows(x.data(), cols, acc.data(), cols, rows, cols, "block " + std::to_string(block)) == 0);
+            for (int64_t c = 0; c < cols; ++c) CHECK(acc[static_cast<size_t>(2 * cols + c)] == 0.0f);
+        }
+    }
+}
+
+TEST_CASE("softmax: bad input gets a status and a message, and y is left untouched") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+    std::vector<float> x(12, 1.0f), y(12, 7.0f);
+    auto expect = [&](mha_status st, const char *needle) {
+        CHECK(st == MHA_INVALID_ARGUMENT);
+        CHECK_MESSAGE(std::string(mha_last_error()).find(needle) != std::string::npos, mha_last_error());
+        for (float v : y) CHECK(v == 7.0f);
+    };
+    expect(mha_softmax(nullptr, 2, 3, x.data(), 3, y.data(), 3), "rt");
+    expect(mha_softmax(rt, -1, 3, x.data(), 3, y.data(), 3), "rows");
+    expect(mha_softmax(rt, 2, -3, x.data(), 3, y.data(), 3), "cols");
+    expect(mha_softmax(rt, 2, 3, x.data(), 2, y.data(), 3), "ldx");
+    expect(mha_softmax(rt, 2, 3, x.data(), 3, y.data(), 2), "ldy");
+    expect(mha_softmax(rt, 2, 3, nullptr, 3, y.data(), 3), "x is NULL");
+    expect(mha_softmax(rt, 2, 3, x.data(), 3, nullptr, 3), "y is NULL");
+    expect(mha_softmax(rt, INT64_C(1) << 62, 3, x.data(), INT64_C(1) << 62, y.data(), 3), "overflow");
+    expect(mha_softmax(rt, 2, 3, y.data(), 3, y.data(), 4), "ldx == ldy");
+    expect(mha_softmax(rt, 2, 3, y.data(), 3, y.data() + 1, 3), "overlap");
+    CHECK(mha_softmax(rt, 0, 3, nullptr, 3, nullptr, 3) == MHA_OK);
+    mha_runtime_destroy(rt);
+
+    Runtime r(RuntimeOptions{1, {}, {}});
+    float s[4] = {0, 0, 0, 0}, m[2], l[2], acc[4];
+    CHECK_THROWS_AS(online_softmax_fold(r, 2, 2, s, 1, m, l, acc, 2, 2), Error);
+    CHECK_THROWS_AS(online_softmax_fold(r, 2, 2, s, 2, nullptr, l, acc, 2, 2), Error);
+    CHECK_THROWS_AS(online_softmax_finish(r, -1, l, acc, 2, 2), Error);
+}
