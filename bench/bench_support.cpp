@@ -10,7 +10,10 @@
 #ifdef MHA_HAVE_DNNL
 #include <dnnl.h>
 #include <omp.h>
+
+#include <dnnl.hpp>
 #endif
+#include <cmath>
 #ifdef MHA_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
@@ -41,6 +44,56 @@ const std::vector<GemmShape> &gemm_shapes() {
     };
     return shapes;
 }
+
+std::string SoftmaxShape::str() const { return std::to_string(rows) + "x" + std::to_string(cols); }
+
+const std::vector<SoftmaxShape> &softmax_shapes() {
+    static const std::vector<SoftmaxShape> shapes = {
+        {1024, 128, true}, {512, 512, true}, {64, 4096, true}, {8, 32768, false}};
+    return shapes;
+}
+
+void scalar_softmax(int64_t rows, int64_t cols, const float *x, float *y) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float m = xr[0];
+        for (int64_t c = 1; c < cols; ++c) m = std::max(m, xr[c]);
+        float s = 0;
+        for (int64_t c = 0; c < cols; ++c) s += yr[c] = std::exp(xr[c] - m);
+        for (int64_t c = 0; c < cols; ++c) yr[c] /= s;
+    }
+}
+
+#ifdef MHA_HAVE_DNNL
+struct DnnlSoftmax::Impl {
+    dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+    dnnl::stream stream{engine};
+    dnnl::softmax_forward prim;
+    dnnl::memory src, dst;
+};
+
+DnnlSoftmax::DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y) : impl_(new Impl) {
+    const dnnl::memory::desc md({rows, cols}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
+    const dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
+    impl_->prim = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, impl_->engine));
+    impl_->src = dnnl::memory(md, impl_->engine, const_cast<float *>(x));
+    impl_->dst = dnnl::memory(md, impl_->engine, y);
+}
+
+DnnlSoftmax::~DnnlSoftmax() { delete impl_; }
+
+void DnnlSoftmax::run(int threads) {
+    omp_set_num_threads(threads);
+    impl_->prim.execute(impl_->stream, {{DNNL_ARG_SRC, impl_->src}, {DNNL_ARG_DST, impl_->dst}});
+    impl_->stream.wait();
+}
+#else
+struct DnnlSoftmax::Impl {};
+DnnlSoftmax::DnnlSoftmax(int64_t, int64_t, const float *, float *) { std::abort(); }
+DnnlSoftmax::~DnnlSoftmax() = default;
+void DnnlSoftmax::run(int) { std::abort(); }
+#endif
 
 double measure_fma_peak_gflops(int threads) {
     const bool avx512 = cpu_supports(Isa::avx512);

@@ -23,6 +23,31 @@ struct GemmShape {
 // The GEMM shapes of bench_gemm.cpp and the mha-bench gemm suite.
 const std::vector<GemmShape> &gemm_shapes();
 
+struct SoftmaxShape {
+    int64_t rows, cols;
+    bool quick;
+    double elems() const { return static_cast<double>(rows) * static_cast<double>(cols); }
+    std::string str() const;  // "512x512"
+};
+
+// The softmax shapes of bench_softmax.cpp and the mha-bench softmax suite.
+const std::vector<SoftmaxShape> &softmax_shapes();
+
+// The plain loop users would write: max, expf, sum, divide, one row at a time (one thread).
+void scalar_softmax(int64_t rows, int64_t cols, const float *x, float *y);
+
+// oneDNN's softmax primitive on a rows x cols row-major buffer, created once; run() executes it.
+class DnnlSoftmax {
+public:
+    DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y);
+    ~DnnlSoftmax();
+    void run(int threads);
+
+private:
+    struct Impl;
+    Impl *impl_ = nullptr;
+};
+
 // Peak fp32 FMA GFLOP/s of `threads` threads running the probe at once with the widest ISA the
 // CPU has (the median of several short runs; about 0.3 s).
 double measure_fma_peak_gflops(int threads);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "softmax/partial.hpp"
 #include "softmax/vexp.hpp"
@@ -21,6 +22,9 @@ struct RowKernels {
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
     static float reduce_max(const V &v) {
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<Arch, xsimd::avx512f>) return _mm512_reduce_max_ps(v);
+#endif
         alignas(64) float lanes[W];
         v.store_aligned(lanes);
         float m = lanes[0];
@@ -28,29 +32,26 @@ struct RowKernels {
         return m;
     }
 
-    // The largest of x[0:n] (-inf for n == 0), or NaN if any x is NaN.
+    // The largest of x[0:n] (-inf for n == 0). A NaN may or may not survive the reduction; the
+    // callers catch NaN through the sum instead (see row()).
     static float row_max(const float *x, int64_t n) {
-        V m0(kNegInf), m1(kNegInf);
-        auto nan = xsimd::batch_bool<float, Arch>(false);
+        V m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
         int64_t i = 0;
-        for (; i + 2 * W <= n; i += 2 * W) {
-            const V a = V::load_unaligned(x + i), b = V::load_unaligned(x + i + W);
-            nan = nan | (a != a) | (b != b);
-            m0 = xsimd::max(m0, a);
-            m1 = xsimd::max(m1, b);
+        for (; i + 4 * W <= n; i += 4 * W) {
+            m0 = xsimd::max(m0, V::load_unaligned(x + i));
+            m1 = xsimd::max(m1, V::load_unaligned(x + i + W));
+            m2 = xsimd::max(m2, V::load_unaligned(x + i + 2 * W));
+            m3 = xsimd::max(m3, V::load_unaligned(x + i + 3 * W));
         }
-        for (; i + W <= n; i += W) {
-            const V a = V::load_unaligned(x + i);
-            nan = nan | (a != a);
-            m0 = xsimd::max(m0, a);
-        }
-        if (i < n) {
-            const V a = P::load(x + i, n - i, kNegInf);
-            nan = nan | (a != a);
-            m1 = xsimd::max(m1, a);
-        }
-        if (xsimd::any(nan)) return std::numeric_limits<float>::quiet_NaN();
-        return reduce_max(xsimd::max(m0, m1));
+        for (; i + W <= n; i += W) m0 = xsimd::max(m0, V::load_unaligned(x + i));
+        if (i < n) m1 = xsimd::max(m1, P::load(x + i, n - i, kNegInf));
+        return reduce_max(xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3)));
+    }
+
+    static bool has_nan(const float *x, int64_t n) {
+        for (int64_t i = 0; i < n; ++i)
+            if (std::isnan(x[i])) return true;
+        return false;
     }
 
     // y[i] = exp(x[i] - max) for i < n; returns their sum, accumulated in four registers in an
@@ -101,10 +102,11 @@ struct RowKernels {
     }
 
     // One row of softmax; see mha/softmax.hpp for the semantics of -inf, NaN and empty rows.
+    // A NaN x makes exp(x - max) NaN, so the sum and then every output of the row become NaN;
+    // only a row whose max came out -inf needs an explicit look for NaN.
     static void row(const float *x, int64_t n, float *y) {
         const float m = row_max(x, n);
-        if (std::isnan(m)) return fill(y, n, std::numeric_limits<float>::quiet_NaN());
-        if (m == kNegInf) return fill(y, n, 0.0f);  // only -inf: no probability anywhere
+        if (m == kNegInf) return fill(y, n, has_nan(x, n) ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
         const float sum = exp_store_sum(x, n, m, y);
         scale(y, n, 1.0f / sum);
     }
@@ -120,7 +122,8 @@ struct RowKernels {
                             int64_t ldacc, int64_t acc_cols) {
         for (int64_t r = 0; r < rows; ++r) {
             float *sr = s + r * lds;
-            const float bm = row_max(sr, cols);
+            float bm = row_max(sr, cols);
+            if (bm == kNegInf && has_nan(sr, cols)) bm = std::numeric_limits<float>::quiet_NaN();
             const float m_new = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
             if (m_new == kNegInf) {  // nothing visible yet: P = 0, the state stays empty
                 fill(sr, cols, 0.0f);

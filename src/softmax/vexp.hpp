@@ -1,42 +1,64 @@
-// exp(x) on SIMD registers, written once over an xsimd architecture. Include only from an ISA's
-// translation unit.
+// exp(x) on SIMD registers, written once over an xsimd architecture, with an AVX-512 path that
+// uses vscalefps. Include only from an ISA's translation unit.
 //
-// exp(x) = 2^n * e^t with n = round(x / ln2) and t = x - n ln2 in [-ln2/2, ln2/2], the reduction
-// in two steps (Cody & Waite: ln2 = hi + lo, so n * hi is exact), then e^t by a degree-5
-// polynomial, and 2^n built in the exponent bits. This follows the "rr2-p5" scheme of XNNPACK's
-// exp kernels; the coefficients are our own fit (tools in tests/data/fit_exp_poly.py):
-// relative error under 1e-7 on the reduced range.
+// exp(x) = 2^n * e^t with n = round(x / ln2) and t = x - n ln2 in [-ln2/2, ln2/2], then e^t by a
+// degree-5 polynomial. This is the "rr1-p5" scheme of XNNPACK's exp kernels (one-constant range
+// reduction: for the |n| <= 126 that matter, the rounding of ln2 to float costs under 3e-7
+// relative); the coefficients are our own minimax fit (tests/data/fit_exp_poly.py), relative
+// error under 1e-7 on the reduced range.
+//
+// Results below FLT_MIN (x < -87.3365) are exactly 0, as is exp(-inf); NaN stays NaN; x above
+// 88.72 gives +inf.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
-#include <limits>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
 namespace mha::softmax_detail {
 namespace {
 
-template <class Arch>
-inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
-    using V = xsimd::batch<float, Arch>;
-    using I = xsimd::batch<int32_t, Arch>;
-    // Below ln(FLT_MIN) the result would be subnormal: it is flushed to exactly 0, which is also
-    // what x = -inf gives. Above 88 (never reached by max-subtracted softmax inputs) it saturates
-    // at 2^127-ish instead of overflowing.
-    const V lo(-87.33654f), hi(88.0f);
-    // max(lo, x) and min(hi, .) keep a NaN x as NaN (the x86 min/max return their second operand
-    // when either is NaN).
-    const V xc = xsimd::min(hi, xsimd::max(lo, x));
-    const V n = xsimd::nearbyint(xc * V(1.44269504f));
-    V t = xsimd::fma(n, V(-0.693145752f), xc);    // ln2 hi: 0x1.62E400p-1, exact in n * hi
-    t = xsimd::fma(n, V(-1.42860677e-6f), t);     // ln2 lo
+constexpr float kLog2e = 1.44269504f;
+constexpr float kMinusLn2 = -0.693147182f;
+constexpr float kExpCutoff = -87.33654f;  // ln(FLT_MIN)
+
+// e^t for t in [-ln2/2, ln2/2].
+template <class V>
+inline V exp_poly(const V &t) {
     V p = xsimd::fma(V(0x1.0fa834p-7f), t, V(0x1.573a54p-5f));
     p = xsimd::fma(p, t, V(0x1.555a6ap-3f));
     p = xsimd::fma(p, t, V(0x1.fffdc6p-2f));
     p = xsimd::fma(p, t, V(0x1.fffff6p-1f));
-    p = xsimd::fma(p, t, V(1.0f));
+    return xsimd::fma(p, t, V(1.0f));
+}
+
+template <class Arch>
+inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
+    using V = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<Arch, xsimd::avx512f>) {
+        // n and t stay finite for every x above the cutoff; vscalefps builds 2^n * p without
+        // integer work, and the zero-masking does the cutoff (NaN compares "not less", so it passes).
+        // round(x log2e) by the "magic bias": adding 1.5 * 2^23 leaves the rounded integer in the
+        // low mantissa bits; subtracting it again gives n as a float (cheaper than vrndscaleps).
+        const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+        const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), magic), magic);
+        const V t = xsimd::fma(V(n), V(kMinusLn2), x);
+        const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpCutoff), _CMP_NLT_UQ);
+        return _mm512_maskz_scalef_ps(keep, exp_poly(t), n);
+    }
+#endif
+    using I = xsimd::batch<int32_t, Arch>;
+    // max(lo, x) and min(hi, .) keep a NaN x as NaN: the x86 min/max return their second operand
+    // when either is NaN. hi keeps 2^n within the exponent field (n <= 128 is +inf).
+    const V xc = xsimd::min(V(88.7228394f), xsimd::max(V(kExpCutoff), x));
+    const V n = xsimd::nearbyint(xc * V(kLog2e));
+    const V t = xsimd::fma(n, V(kMinusLn2), xc);
     const V scale = xsimd::bitwise_cast<V>((xsimd::to_int(n) + I(127)) << 23);
-    return xsimd::select(x < lo, V(0.0f), p * scale);
+    return xsimd::select(x < V(kExpCutoff), V(0.0f), exp_poly(t) * scale);
 }
 
 } // namespace
