@@ -14,6 +14,7 @@
 
 #include "bench/bench_support.hpp"
 #include "mha/gemm.hpp"
+#include "mha/softmax.hpp"
 
 using namespace mha;
 
@@ -25,18 +26,39 @@ struct Options {
     std::string filter;
 };
 
-struct Row {
-    std::string suite, name, shape;
-    int threads = 1;
-    double ms = 0, gflops = 0, peak_fraction = 0;
-    std::vector<std::pair<std::string, double>> vs;  // anchor -> our speed / its speed
-};
-
 struct Context {
     Options opt;
     std::map<int, double> peak;  // threads -> GFLOP/s
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
 };
+
+struct Row {
+    std::string suite, name, shape;
+    int threads = 1;
+    double ms = 0;
+    double rate = 0;            // in `unit`
+    std::string unit;           // "GFLOP/s" or "Gelem/s"
+    double peak_fraction = -1;  // of the FMA peak; < 0 when it does not apply
+    std::vector<std::pair<std::string, double>> vs;  // anchor -> its time / our time
+};
+
+struct Anchor {
+    std::string name;
+    std::function<void()> run;
+};
+
+// Times `ours` and every anchor in turn and appends the row.
+void measure(const Context &ctx, Row r, double work, const std::function<void()> &ours,
+             const std::vector<Anchor> &anchors, std::vector<Row> &rows) {
+    std::vector<std::function<void()>> fns = {ours};
+    for (const auto &a : anchors) fns.push_back(a.run);
+    const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
+    r.ms = t[0] * 1e3;
+    r.rate = work / t[0] * 1e-9;
+    if (r.unit == "GFLOP/s") r.peak_fraction = r.rate / ctx.peak.at(r.threads);
+    for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
+    rows.push_back(r);
+}
 
 void usage(FILE *to) {
     std::fprintf(to,
@@ -91,30 +113,41 @@ void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) 
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "gemm %s %s threads=%d\n", s.label, s.str().c_str(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}});
-            std::vector<std::function<void()>> fns = {[&] {
+            std::vector<Anchor> anchors;
+            if (bench::has_dnnl())
+                anchors.push_back({"oneDNN", [&] {
+                                       bench::dnnl_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(),
+                                                         ldb, 0.0f, c.data(), s.n);
+                                   }});
+            if (bench::has_openblas())
+                anchors.push_back({"OpenBLAS", [&] {
+                                       bench::openblas_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda,
+                                                             b.data(), ldb, 0.0f, c.data(), s.n);
+                                   }});
+            measure(ctx, Row{"gemm", name, s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(), [&] {
                 sgemm(rt, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, a.data(), lda,
                       b.data(), ldb, 0.0f, c.data(), s.n);
-            }};
-            std::vector<std::string> anchors;
-            if (bench::has_dnnl()) {
-                anchors.push_back("oneDNN");
-                fns.push_back([&] {
-                    bench::dnnl_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
-                                      c.data(), s.n);
-                });
-            }
-            if (bench::has_openblas()) {
-                anchors.push_back("OpenBLAS");
-                fns.push_back([&] {
-                    bench::openblas_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb,
-                                          0.0f, c.data(), s.n);
-                });
-            }
-            const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
-            Row r{"gemm", name, s.str(), threads, t[0] * 1e3, s.flops() / t[0] * 1e-9, 0, {}};
-            r.peak_fraction = r.gflops / ctx.peak[threads];
-            for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i], t[i + 1] / t[0]);
-            rows.push_back(r);
+            }, anchors, rows);
+        }
+    }
+}
+
+void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    for (const auto &s : bench::softmax_shapes()) {
+        if (ctx.opt.quick && !s.quick) continue;
+        if (filter && !std::regex_search("softmax/rows/" + s.str(), *filter)) continue;
+        std::vector<float> x(static_cast<size_t>(s.rows * s.cols)), y(x.size());
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.1f - 5.0f;
+        std::unique_ptr<bench::DnnlSoftmax> dnnl;
+        if (bench::has_dnnl()) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data());
+        for (int threads : ctx.opt.threads) {
+            std::fprintf(stderr, "softmax %s threads=%d\n", s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            std::vector<Anchor> anchors;
+            if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(threads); }});
+            anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }});
+            measure(ctx, Row{"softmax", "rows", s.str(), threads, 0, 0, "Gelem/s", -1, {}}, s.elems(),
+                    [&] { softmax(rt, s.rows, s.cols, x.data(), s.cols, y.data(), s.cols); }, anchors, rows);
         }
     }
 }
@@ -125,20 +158,24 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     std::printf(", read bandwidth %.1f GB/s (1 thread)\n", bw);
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
-    std::printf("vs X = X's time / mha's time (above 1: mha is faster)\n\n");
     std::string suite;
     for (const auto &r : rows) {
         if (r.suite != suite) {
             suite = r.suite;
-            std::printf("%-6s %-10s %-20s %7s %10s %9s %7s", "suite", "name", "shape", "threads", "ms", "GFLOP/s", "%peak");
+            std::printf("\n%-8s %-10s %-20s %7s %10s %12s %7s", "suite", "name", "shape", "threads", "ms", "rate", "%peak");
             for (const auto &[n, v] : r.vs) std::printf(" %11s", ("vs " + n).c_str());
             std::printf("\n");
         }
-        std::printf("%-6s %-10s %-20s %7d %10.3f %9.1f %6.1f%%", r.suite.c_str(), r.name.c_str(), r.shape.c_str(),
-                    r.threads, r.ms, r.gflops, 100.0 * r.peak_fraction);
+        char peak[16] = "-";
+        if (r.peak_fraction >= 0) std::snprintf(peak, sizeof peak, "%.1f%%", 100.0 * r.peak_fraction);
+        char rate[32];
+        std::snprintf(rate, sizeof rate, "%.2f %s", r.rate, r.unit == "GFLOP/s" ? "GF/s" : "Ge/s");
+        std::printf("%-8s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
+                    r.ms, rate, peak);
         for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
         std::printf("\n");
     }
+    std::printf("\nGF/s = GFLOP/s, Ge/s = 10^9 elements per second; vs X = X's time / mha's time\n");
 }
 
 void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
@@ -151,8 +188,9 @@ void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
         nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
-                            {"threads", r.threads}, {"ms", r.ms}, {"gflops", r.gflops},
-                            {"peak_fraction", r.peak_fraction}};
+                            {"threads", r.threads}, {"ms", r.ms}};
+        o[r.unit == "GFLOP/s" ? "gflops" : "gelem_per_s"] = r.rate;
+        o["peak_fraction"] = r.peak_fraction >= 0 ? nlohmann::json(r.peak_fraction) : nlohmann::json(nullptr);
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
         j["results"].push_back(o);
     }
@@ -173,6 +211,7 @@ int main(int argc, char **argv) {
         const double bw = bench::measure_read_bandwidth_gbs(1);
         std::vector<Row> rows;
         suite_gemm(ctx, filter.get(), rows);
+        suite_softmax(ctx, filter.get(), rows);
         if (ctx.opt.json)
             print_json(ctx, bw, rows);
         else
