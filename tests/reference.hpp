@@ -51,3 +51,60 @@ inline std::vector<double> softmax_row(const float *x, int64_t n) {
 }
 
 } // namespace mha::ref
+
+namespace mha::ref {
+
+// Scaled-dot-product attention in double, straight from the definition: for each (b, h, i), the
+// scores of the keys that pass every mask, their softmax, and the weighted sum of values.
+// Rows with no visible key give zeros. weights (optional) gets [B, H, Lq, Lk].
+struct AttentionCase {
+    int64_t B, Lq, Lk, H, Hkv, D, Dv;
+    double scale;
+    bool causal = false;
+    const int32_t *valid = nullptr;
+    const uint8_t *mask = nullptr;
+    int64_t mbs = 0, mrs = 0;
+};
+
+inline void attention(const AttentionCase &c, const float *q, const float *k, const float *v, std::vector<double> &out,
+                      std::vector<double> *weights = nullptr) {
+    out.assign(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), 0.0);
+    if (weights) weights->assign(static_cast<size_t>(c.B * c.H * c.Lq * c.Lk), 0.0);
+    const int64_t G = c.H / c.Hkv;
+    std::vector<double> s(static_cast<size_t>(c.Lk));
+    std::vector<char> vis(static_cast<size_t>(c.Lk));
+    for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t h = 0; h < c.H; ++h)
+            for (int64_t i = 0; i < c.Lq; ++i) {
+                const int64_t g = h / G;
+                double m = -INFINITY;
+                for (int64_t j = 0; j < c.Lk; ++j) {
+                    bool ok = true;
+                    if (c.causal && j > i + c.Lk - c.Lq) ok = false;
+                    if (c.valid && j >= c.valid[b]) ok = false;
+                    if (c.mask && !c.mask[b * c.mbs + i * c.mrs + j]) ok = false;
+                    vis[static_cast<size_t>(j)] = ok;
+                    if (!ok) continue;
+                    double d = 0;
+                    for (int64_t x = 0; x < c.D; ++x)
+                        d += static_cast<double>(q[((b * c.Lq + i) * c.H + h) * c.D + x]) *
+                             k[((b * c.Lk + j) * c.Hkv + g) * c.D + x];
+                    s[static_cast<size_t>(j)] = d * c.scale;
+                    m = std::max(m, d * c.scale);
+                }
+                if (m == -INFINITY) continue;
+                double sum = 0;
+                for (int64_t j = 0; j < c.Lk; ++j)
+                    if (vis[static_cast<size_t>(j)]) sum += s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - m);
+                for (int64_t j = 0; j < c.Lk; ++j) {
+                    if (!vis[static_cast<size_t>(j)]) continue;
+                    const double p = s[static_cast<size_t>(j)] / sum;
+                    if (weights) (*weights)[static_cast<size_t>(((b * c.H + h) * c.Lq + i) * c.Lk + j)] = p;
+                    for (int64_t x = 0; x < c.Dv; ++x)
+                        out[static_cast<size_t>(((b * c.Lq + i) * c.H + h) * c.Dv + x)] +=
+                            p * v[((b * c.Lk + j) * c.Hkv + g) * c.Dv + x];
+                }
+            }
+}
+
+} // namespace mha::ref

@@ -49,6 +49,29 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
 mha_status mha_softmax(mha_runtime *rt, int64_t rows, int64_t cols,
                        const float *x, int64_t ldx, float *y, int64_t ldy);
 
+typedef struct mha_attention_params {
+    int64_t batch, q_len, kv_len;
+    int64_t num_heads, num_kv_heads;      /* num_heads % num_kv_heads == 0 (MHA, GQA, MQA) */
+    int64_t head_dim, value_dim;          /* Dqk and Dv, which may differ */
+    float scale;                          /* 0 means 1/sqrt(head_dim) */
+    int causal;                           /* query i sees key j iff j <= i + kv_len - q_len */
+    const int32_t *kv_valid_lens;         /* NULL or [batch]: keys j >= valid_len are masked */
+    const uint8_t *mask;                  /* NULL or mask[b*mask_batch_stride + i*mask_row_stride + j];
+                                             nonzero = may attend, 0 = masked; same for all heads */
+    int64_t mask_batch_stride, mask_row_stride;   /* 0 broadcasts */
+    float *weights;                       /* NULL, or out: probabilities [batch, num_heads, q_len, kv_len] */
+} mha_attention_params;
+
+/* q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],
+   v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim].
+   All masks combine (a key must pass every one). A query row with no visible key gets zeros.
+   Fused: the q_len x kv_len score matrix is never stored. The result is bitwise identical for
+   any thread count and for a sequence alone or inside a batch. Bad input (sizes <= 0 where they
+   must be positive, num_heads not a multiple of num_kv_heads, a valid length outside [0, kv_len],
+   a mask row stride below kv_len, NULL pointers, overflowing sizes) gets MHA_INVALID_ARGUMENT. */
+mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,
+                         const float *q, const float *k, const float *v, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,9 @@ struct TileConfig {
     // the depth is at most sup_max_k and the whole A fits in half of L2.
     int64_t sup_max_n = 0;
     int64_t sup_max_k = 0;
+    // Fused attention: query rows per head in one work item, and keys per score tile.
+    int64_t attn_block_q = 0;
+    int64_t attn_block_k = 0;
 
     // Throws mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
     void validate(Isa isa) const;

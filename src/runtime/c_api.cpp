@@ -3,6 +3,7 @@
 #include <new>
 #include <string>
 
+#include "mha/attention.hpp"
 #include "mha/gemm.hpp"
 #include "mha/mha.h"
 #include "mha/runtime.hpp"
@@ -72,6 +73,30 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
 mha_status mha_softmax(mha_runtime *rt, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *y,
                        int64_t ldy) {
     return guarded([&] { mha::softmax(runtime_of(rt), rows, cols, x, ldx, y, ldy); });
+}
+
+mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p, const float *q, const float *k,
+                         const float *v, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!p) mha::invalid_argument("p is NULL");
+        mha::AttentionParams a;
+        a.batch = p->batch;
+        a.q_len = p->q_len;
+        a.kv_len = p->kv_len;
+        a.num_heads = p->num_heads;
+        a.num_kv_heads = p->num_kv_heads;
+        a.head_dim = p->head_dim;
+        a.value_dim = p->value_dim;
+        a.scale = p->scale;
+        a.causal = p->causal != 0;
+        a.kv_valid_lens = p->kv_valid_lens;
+        a.mask = p->mask;
+        a.mask_batch_stride = p->mask_batch_stride;
+        a.mask_row_stride = p->mask_row_stride;
+        a.weights = p->weights;
+        mha::attention(r, a, q, k, v, out);
+    });
 }
 
 } // extern "C"

@@ -43,6 +43,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // packing A costs as much as the product itself, so A is read in place.
     t.sup_max_n = 2 * uk.nr;
     t.sup_max_k = t.kc;
+    // Attention (FlashAttention's loop): the score tile is (group x BQ) x BK floats and, with the
+    // packed K and V tiles (BK x D each) and the accumulator, has to stay in L2 across a key
+    // step. BQ = 64, BK = 256 at D = 64: 64 KiB of scores per head, 128 KiB of K/V; a group of
+    // four heads still fits in half of a 2 MiB L2.
+    t.attn_block_q = 64;
+    t.attn_block_k = 256;
     return t;
 }
 
@@ -62,6 +68,8 @@ void TileConfig::validate(Isa isa) const {
           "must be a multiple of NR = " + std::to_string(uk->nr) + " in [NR, 65536]");
     check(sup_max_n >= 0 && sup_max_n <= 65536, "sup_max_n", "must be in [0, 65536]");
     check(sup_max_k >= 0 && sup_max_k <= 65536, "sup_max_k", "must be in [0, 65536]");
+    check(attn_block_q >= 1 && attn_block_q <= 4096, "attn_block_q", "must be in [1, 4096]");
+    check(attn_block_k >= 1 && attn_block_k <= 8192, "attn_block_k", "must be in [1, 8192]");
 }
 
 } // namespace mha

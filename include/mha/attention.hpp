@@ -1,0 +1,30 @@
+// Fused scaled-dot-product attention: softmax(Q K^T * scale + masks) V, per head, without ever
+// storing the q_len x kv_len score matrix.
+#pragma once
+
+#include <cstdint>
+
+#include "mha/runtime.hpp"
+
+namespace mha {
+
+struct AttentionParams {
+    int64_t batch = 0, q_len = 0, kv_len = 0;
+    int64_t num_heads = 0, num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (MHA, GQA, MQA)
+    int64_t head_dim = 0, value_dim = 0;      // Dqk and Dv, which may differ
+    float scale = 0.0f;                       // 0 means 1/sqrt(head_dim)
+    bool causal = false;                      // query i sees key j iff j <= i + kv_len - q_len
+    const int32_t *kv_valid_lens = nullptr;   // NULL or [batch]: keys j >= valid_len are masked
+    const uint8_t *mask = nullptr;            // NULL or mask[b*batch_stride + i*row_stride + j]; 0 = masked
+    int64_t mask_batch_stride = 0, mask_row_stride = 0;  // 0 broadcasts
+    float *weights = nullptr;                 // NULL, or out: probabilities [batch, num_heads, q_len, kv_len]
+};
+
+// q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],
+// v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim].
+// All masks combine (a key must pass every one). A query row with no visible key gets zeros (and
+// zero weights). The result is bitwise identical for any thread count and for a sequence alone or
+// inside a batch. Throws mha::Error on bad arguments, before writing anything.
+void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out);
+
+} // namespace mha

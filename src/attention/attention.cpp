@@ -1,0 +1,133 @@
+// mha::attention: validation, then the scheduler that spreads (batch, head group, query block)
+// work items over the runtime's threads, costliest first.
+#include "mha/attention.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/attention_shape.hpp"
+#include "runtime/runtime_state.hpp"
+#include "runtime/validate.hpp"
+
+namespace mha {
+namespace attention_detail {
+
+const AttentionKernel &find_attention_kernel(std::string_view gemm_ukernel) {
+    for (auto list : {attention_kernels_avx512(), attention_kernels_avx2()})
+        for (const auto &k : list)
+            if (gemm_ukernel == k.name) return k;
+    throw Error(Status::internal, "no attention kernel for microkernel " + std::string(gemm_ukernel));
+}
+
+} // namespace attention_detail
+
+namespace {
+
+using attention_detail::Item;
+using attention_detail::Shape;
+
+int64_t checked_product(std::initializer_list<int64_t> dims, const char *what) {
+    int64_t p = 1;
+    for (int64_t d : dims)
+        if (__builtin_mul_overflow(p, d, &p) || p > INT64_MAX / 8)
+            invalid_argument(std::string(what) + ": the sizes overflow");
+    return p;
+}
+
+void validate(const AttentionParams &p, const float *q, const float *k, const float *v, const float *out) {
+    using detail::check_size;
+    check_size("batch", p.batch);
+    check_size("q_len", p.q_len);
+    check_size("kv_len", p.kv_len);
+    auto positive = [](const char *name, int64_t x) {
+        if (x <= 0) invalid_argument(std::string(name) + " = " + std::to_string(x) + " must be positive");
+    };
+    positive("num_heads", p.num_heads);
+    positive("num_kv_heads", p.num_kv_heads);
+    positive("head_dim", p.head_dim);
+    positive("value_dim", p.value_dim);
+    if (p.num_heads % p.num_kv_heads != 0)
+        invalid_argument("num_heads = " + std::to_string(p.num_heads) + " is not a multiple of num_kv_heads = " +
+                         std::to_string(p.num_kv_heads));
+    if (!std::isfinite(p.scale)) invalid_argument("scale must be finite");
+    const int64_t nq = checked_product({p.batch, p.q_len, p.num_heads, p.head_dim}, "q");
+    const int64_t nk = checked_product({p.batch, p.kv_len, p.num_kv_heads, p.head_dim}, "k");
+    const int64_t nv = checked_product({p.batch, p.kv_len, p.num_kv_heads, p.value_dim}, "v");
+    const int64_t no = checked_product({p.batch, p.q_len, p.num_heads, p.value_dim}, "out");
+    checked_product({p.batch, p.num_heads, p.q_len, p.kv_len}, "weights");
+    if (nq && !q) invalid_argument("q is NULL");
+    if (nk && !k) invalid_argument("k is NULL");
+    if (nv && !v) invalid_argument("v is NULL");
+    if (no && !out) invalid_argument("out is NULL");
+    if (p.kv_valid_lens)
+        for (int64_t b = 0; b < p.batch; ++b)
+            if (p.kv_valid_lens[b] < 0 || p.kv_valid_lens[b] > p.kv_len)
+                invalid_argument("kv_valid_lens[" + std::to_string(b) + "] = " + std::to_string(p.kv_valid_lens[b]) +
+                                 " is outside [0, kv_len = " + std::to_string(p.kv_len) + "]");
+    if (p.mask) {
+        check_size("mask_batch_stride", p.mask_batch_stride);
+        check_size("mask_row_stride", p.mask_row_stride);
+        if (p.mask_row_stride != 0 && p.mask_row_stride < p.kv_len)
+            invalid_argument("mask_row_stride = " + std::to_string(p.mask_row_stride) +
+                             " is too small: it must be 0 (broadcast) or >= kv_len = " + std::to_string(p.kv_len));
+        int64_t extent = 0, t = 0;
+        if (p.batch > 0 && p.q_len > 0 &&
+            (__builtin_mul_overflow(p.batch - 1, p.mask_batch_stride, &extent) ||
+             __builtin_mul_overflow(p.q_len - 1, p.mask_row_stride, &t) || __builtin_add_overflow(extent, t, &extent) ||
+             __builtin_add_overflow(extent, p.kv_len, &extent)))
+            invalid_argument("mask: the strides overflow");
+    }
+}
+
+} // namespace
+
+void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out) {
+    validate(p, q, k, v, out);
+    if (p.batch == 0 || p.q_len == 0) return;
+    auto &st = rt.state();
+    const auto &ak = attention_detail::find_attention_kernel(st.tiles.gemm_ukernel);
+    Shape s{p.batch, p.q_len, p.kv_len, p.num_heads, p.num_kv_heads, p.head_dim, p.value_dim,
+            p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim)), p.causal, p.kv_valid_lens,
+            p.mask, p.mask_batch_stride, p.mask_row_stride, p.weights,
+            std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k};
+
+    // Work items, costliest first (rows x keys they can see), so the threads finish together.
+    std::vector<Item> items;
+    std::vector<int64_t> cost;
+    for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t g = 0; g < s.kv_heads; ++g)
+            for (int64_t i0 = 0; i0 < s.q_len; i0 += s.block_q) {
+                const Item it{b, g, i0, std::min(s.q_len, i0 + s.block_q)};
+                int64_t c = 0;
+                for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(b, i) + 1;
+                items.push_back(it);
+                cost.push_back(c);
+            }
+    std::vector<size_t> order(items.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+
+    const int64_t per_item = attention_detail::item_scratch_floats(s, ak.mr, ak.nr);
+    const int64_t workers = std::min<int64_t>(st.num_threads, static_cast<int64_t>(items.size()));
+    auto scratch = st.pool.borrow(static_cast<size_t>(per_item * workers));
+    std::atomic<size_t> next{0};
+    auto work = [&](int64_t w) {
+        float *mine = scratch.data() + w * per_item;
+        for (size_t n; (n = next.fetch_add(1)) < order.size();) ak.item(s, q, k, v, out, items[order[n]], mine);
+    };
+    if (workers == 1) return work(0);
+    st.arena.execute([&] {
+        tbb::parallel_for(tbb::blocked_range<int64_t>(0, workers, 1),
+                          [&](const tbb::blocked_range<int64_t> &r) {
+                              for (int64_t w = r.begin(); w != r.end(); ++w) work(w);
+                          },
+                          tbb::simple_partitioner());
+    });
+}
+
+} // namespace mha

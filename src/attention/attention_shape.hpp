@@ -1,0 +1,53 @@
+// What a fused-attention work item needs to know, shared by the scheduler and the per-ISA kernels.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "mha/isa.hpp"
+
+namespace mha::attention_detail {
+
+struct Shape {
+    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, value_dim;
+    float scale;
+    bool causal;
+    const int32_t *valid_lens;  // NULL or [batch]
+    const uint8_t *mask;        // NULL or strided [batch][q_len][kv_len]
+    int64_t mask_batch_stride, mask_row_stride;
+    float *weights;             // NULL or [batch, heads, q_len, kv_len]
+    int64_t block_q, block_k;   // query rows per head in an item; keys per tile
+    int64_t group() const { return heads / kv_heads; }
+    // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
+    int64_t key_limit(int64_t b, int64_t i) const {
+        int64_t lim = kv_len;
+        if (valid_lens && valid_lens[b] < lim) lim = valid_lens[b];
+        if (causal && i + kv_len - q_len + 1 < lim) lim = i + kv_len - q_len + 1;
+        return lim < 0 ? 0 : lim;
+    }
+};
+
+// One work item: query rows [i0, i1) of every head that shares KV head g, in batch b.
+struct Item {
+    int64_t b, g, i0, i1;
+};
+
+// Floats of scratch one item needs (the same layout the kernels carve up).
+int64_t item_scratch_floats(const Shape &s, int mr, int nr);
+
+using ItemFn = void (*)(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &item,
+                        float *scratch);
+
+struct AttentionKernel {
+    const char *name;  // the GEMM microkernel it is built on
+    Isa isa;
+    int mr, nr;
+    ItemFn item;
+};
+
+std::span<const AttentionKernel> attention_kernels_avx2();
+std::span<const AttentionKernel> attention_kernels_avx512();
+const AttentionKernel &find_attention_kernel(std::string_view gemm_ukernel);
+
+} // namespace mha::attention_detail

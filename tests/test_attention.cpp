@@ -1,0 +1,226 @@
+// Fused attention against the double-precision definition: cross attention, GQA/MQA, Dv != Dqk,
+// odd sizes, causal with Lq != Lk, valid lengths including 0, broadcast and full masks, weights;
+// on every ISA, with the default tiles and with tiny tiles that put edges everywhere. Then
+// determinism (threads, batch), concurrency and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <thread>
+
+#include "mha/attention.hpp"
+#include "mha/mha.h"
+#include "reference.hpp"
+#include "test_util.hpp"
+
+using namespace mha;
+
+namespace {
+
+struct Case {
+    const char *what;
+    int64_t B, Lq, Lk, H, Hkv, D, Dv;
+    bool causal = false;
+    int valid = 0;      // 0: none; 1: per-batch lengths including 0
+    int mask = 0;       // 0: none; 1: [B, 1, Lk] broadcast over queries; 2: full [B, Lq, Lk]; 3: [1, Lq, Lk] over batches
+    bool weights = false;
+};
+
+std::vector<RuntimeOptions> runtimes(int threads = 1) {
+    std::vector<RuntimeOptions> v;
+    for (Isa isa : supported_isas()) {
+        RuntimeOptions o{threads, isa, {}};
+        v.push_back(o);
+        TileConfig t = default_tile_config(isa, detect_cache_sizes());
+        t.attn_block_q = 5;  // tiny tiles: every edge, many tiles per row
+        t.attn_block_k = 7;
+        o.tiles = t;
+        v.push_back(o);
+    }
+    return v;
+}
+
+struct Data {
+    std::vector<float> q, k, v;
+    std::vector<int32_t> valid;
+    std::vector<uint8_t> mask;
+    ref::AttentionCase rc;
+    AttentionParams p;
+};
+
+Data make(const Case &c, uint32_t seed) {
+    Data d;
+    d.q = test::random_floats(static_cast<size_t>(c.B * c.Lq * c.H * c.D), seed);
+    d.k = test::random_floats(static_cast<size_t>(c.B * c.Lk * c.Hkv * c.D), seed + 1);
+    d.v = test::random_floats(static_cast<size_t>(c.B * c.Lk * c.Hkv * c.Dv), seed + 2);
+    d.p.batch = c.B;
+    d.p.q_len = c.Lq;
+    d.p.kv_len = c.Lk;
+    d.p.num_heads = c.H;
+    d.p.num_kv_heads = c.Hkv;
+    d.p.head_dim = c.D;
+    d.p.value_dim = c.Dv;
+    d.p.causal = c.causal;
+    d.rc = {c.B, c.Lq, c.Lk, c.H, c.Hkv, c.D, c.Dv, 1.0 / std::sqrt(static_cast<double>(c.D)), c.causal};
+    if (c.valid) {
+        for (int64_t b = 0; b < c.B; ++b) d.valid.push_back(static_cast<int32_t>(b == 0 ? 0 : (b * 7 + 3) % (c.Lk + 1)));
+        d.p.kv_valid_lens = d.rc.valid = d.valid.data();
+    }
+    if (c.mask) {
+        const int64_t rows = c.mask == 1 ? 1 : c.Lq, batches = c.mask == 3 ? 1 : c.B;
+        d.mask.resize(static_cast<size_t>(batches * rows * c.Lk));
+        for (size_t i = 0; i < d.mask.size(); ++i) d.mask[i] = ((i * 2654435761u) >> 7) % 4 != 0;
+        d.p.mask = d.rc.mask = d.mask.data();
+        d.p.mask_row_stride = d.rc.mrs = c.mask == 1 ? 0 : c.Lk;
+        d.p.mask_batch_stride = d.rc.mbs = c.mask == 3 ? 0 : rows * c.Lk;
+    }
+    return d;
+}
+
+void check(const Case &c, const RuntimeOptions &o) {
+    Runtime rt(o);
+    Data d = make(c, 11);
+    std::vector<float> out(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), test::kSentinel), w;
+    if (c.weights) {
+        w.assign(static_cast<size_t>(c.B * c.H * c.Lq * c.Lk), test::kSentinel);
+        d.p.weights = w.data();
+    }
+    attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), out.data());
+    std::vector<double> want, want_w;
+    ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want, c.weights ? &want_w : nullptr);
+    int bad = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+        if (!(std::fabs(out[i] - want[i]) <= 5e-5) && bad++ < 3)
+            FAIL_CHECK(c.what << " out[" << i << "] = " << out[i] << ", want " << want[i]);
+    for (size_t i = 0; i < w.size(); ++i)
+        if (!(std::fabs(w[i] - want_w[i]) <= 5e-5) && bad++ < 6)
+            FAIL_CHECK(c.what << " weights[" << i << "] = " << w[i] << ", want " << want_w[i]);
+    CHECK_MESSAGE(bad == 0, c.what);
+}
+
+const Case kCases[] = {
+    {"self, MHA", 2, 37, 37, 4, 4, 16, 16},
+    {"cross, several key tiles", 2, 5, 300, 2, 2, 64, 32},
+    {"GQA", 2, 19, 23, 8, 2, 32, 32},
+    {"MQA", 1, 9, 40, 4, 1, 32, 48},
+    {"Dv != Dqk", 1, 13, 17, 2, 1, 24, 40},
+    {"odd head dims", 2, 6, 11, 3, 3, 3, 5},
+    {"head dims past a register tile", 1, 4, 9, 2, 2, 65, 33},
+    {"causal, Lq == Lk", 2, 30, 30, 2, 1, 16, 16, true},
+    {"causal, Lq < Lk (KV cache)", 2, 7, 20, 4, 2, 16, 8, true},
+    {"causal, Lq > Lk: early rows see nothing", 1, 12, 5, 2, 2, 8, 8, true},
+    {"valid lengths including 0", 3, 8, 19, 2, 2, 16, 16, false, 1},
+    {"mask broadcast over queries (seed 000)", 2, 9, 14, 2, 2, 16, 16, false, 0, 1},
+    {"full mask [B, Lq, Lk]", 2, 9, 14, 2, 1, 16, 16, false, 0, 2},
+    {"mask broadcast over batches", 3, 9, 14, 2, 2, 16, 16, false, 0, 3},
+    {"all masks at once", 3, 11, 16, 4, 2, 8, 12, true, 1, 2},
+    {"weights", 2, 10, 13, 4, 2, 16, 8, false, 0, 0, true},
+    {"weights with masks and causal", 3, 9, 12, 2, 1, 8, 8, true, 1, 2, true},
+    {"decode: one query", 3, 1, 50, 8, 2, 32, 32, true, 1},
+};
+
+} // namespace
+
+TEST_CASE("attention against double: every feature and combination, every ISA, two tilings") {
+    for (const auto &o : runtimes())
+        for (const auto &c : kCases) {
+            CAPTURE(std::string(isa_name(*o.isa)));
+            CAPTURE(o.tiles.has_value());
+            check(c, o);
+        }
+}
+
+TEST_CASE("empty problems and kv_len == 0") {
+    Runtime rt(RuntimeOptions{1, {}, {}});
+    AttentionParams p;
+    p.batch = 2; p.q_len = 3; p.kv_len = 0; p.num_heads = 2; p.num_kv_heads = 1; p.head_dim = 4; p.value_dim = 4;
+    std::vector<float> q(48, 1.0f), out(48, test::kSentinel);
+    attention(rt, p, q.data(), nullptr, nullptr, out.data());
+    for (float x : out) CHECK(x == 0.0f);
+    p.batch = 0;
+    attention(rt, p, nullptr, nullptr, nullptr, nullptr);
+}
+
+TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a batch") {
+    const Case c{"det", 3, 70, 90, 4, 2, 32, 32, true, 1, 2, true};
+    Data d = make(c, 5);
+    const size_t n_out = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), n_w = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
+    for (Isa isa : supported_isas()) {
+        std::vector<float> o1(n_out), o2(n_out), w1(n_w), w2(n_w);
+        Runtime r1(RuntimeOptions{1, isa, {}}), r2(RuntimeOptions{2, isa, {}});
+        d.p.weights = w1.data();
+        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), o1.data());
+        d.p.weights = w2.data();
+        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), o2.data());
+        CHECK(test::same_bits(o1, o2));
+        CHECK(test::same_bits(w1, w2));
+        // Batch element 2 alone.
+        AttentionParams one = d.p;
+        one.batch = 1;
+        one.kv_valid_lens = d.valid.data() + 2;
+        one.mask = d.mask.data() + 2 * d.p.mask_batch_stride;
+        std::vector<float> alone(n_out / 3), walone(n_w / 3);
+        one.weights = walone.data();
+        const size_t qoff = 2 * static_cast<size_t>(c.Lq * c.H * c.D), koff = 2 * static_cast<size_t>(c.Lk * c.Hkv * c.D);
+        attention(r2, one, d.q.data() + qoff, d.k.data() + koff, d.v.data() + 2 * static_cast<size_t>(c.Lk * c.Hkv * c.Dv),
+                  alone.data());
+        CHECK(std::equal(alone.begin(), alone.end(), o1.begin() + 2 * static_cast<long>(n_out / 3)));
+        CHECK(std::equal(walone.begin(), walone.end(), w1.begin() + 2 * static_cast<long>(n_w / 3)));
+    }
+}
+
+TEST_CASE("8 host threads share one runtime") {
+    const Case c{"conc", 2, 33, 41, 4, 2, 16, 16, true};
+    Data d = make(c, 8);
+    Runtime rt(RuntimeOptions{2, {}, {}});
+    const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv);
+    std::vector<float> want(n);
+    attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), want.data());
+    std::vector<std::vector<float>> got(8, std::vector<float>(n));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep < 5; ++rep) attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), got[t].data());
+        });
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+}
+
+TEST_CASE("mha_attention: bad input gets a status and a message, and out is left untouched") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+    std::vector<float> q(64, 1.0f), k(64, 1.0f), v(64, 1.0f), out(64, 7.0f);
+    int32_t valid[2] = {3, 9};
+    uint8_t mask[64] = {1};
+    auto good = [] {
+        mha_attention_params p{};
+        p.batch = 2; p.q_len = 2; p.kv_len = 4; p.num_heads = 2; p.num_kv_heads = 1; p.head_dim = 2; p.value_dim = 2;
+        return p;
+    };
+    auto expect = [&](mha_attention_params p, const float *qq, const float *kk, const float *vv, float *oo, const char *needle) {
+        CHECK(mha_attention(rt, &p, qq, kk, vv, oo) == MHA_INVALID_ARGUMENT);
+        CHECK_MESSAGE(std::string(mha_last_error()).find(needle) != std::string::npos, mha_last_error());
+        for (float x : out) CHECK(x == 7.0f);
+    };
+    {
+        auto p = good();
+        CHECK(mha_attention(nullptr, &p, q.data(), k.data(), v.data(), out.data()) == MHA_INVALID_ARGUMENT);
+        CHECK(mha_attention(rt, nullptr, q.data(), k.data(), v.data(), out.data()) == MHA_INVALID_ARGUMENT);
+    }
+    auto p = good(); p.batch = -1; expect(p, q.data(), k.data(), v.data(), out.data(), "batch");
+    p = good(); p.kv_len = -4; expect(p, q.data(), k.data(), v.data(), out.data(), "kv_len");
+    p = good(); p.num_heads = 0; expect(p, q.data(), k.data(), v.data(), out.data(), "num_heads");
+    p = good(); p.head_dim = 0; expect(p, q.data(), k.data(), v.data(), out.data(), "head_dim");
+    p = good(); p.value_dim = -2; expect(p, q.data(), k.data(), v.data(), out.data(), "value_dim");
+    p = good(); p.num_heads = 3; p.num_kv_heads = 2; expect(p, q.data(), k.data(), v.data(), out.data(), "multiple");
+    p = good(); p.kv_valid_lens = valid; expect(p, q.data(), k.data(), v.data(), out.data(), "kv_valid_lens[1]");
+    p = good(); p.mask = mask; p.mask_row_stride = 3; expect(p, q.data(), k.data(), v.data(), out.data(), "mask_row_stride");
+    p = good(); p.mask = mask; p.mask_batch_stride = -1; expect(p, q.data(), k.data(), v.data(), out.data(), "mask_batch_stride");
+    p = good(); p.scale = NAN; expect(p, q.data(), k.data(), v.data(), out.data(), "scale");
+    p = good(); expect(p, nullptr, k.data(), v.data(), out.data(), "q is NULL");
+    p = good(); expect(p, q.data(), nullptr, v.data(), out.data(), "k is NULL");
+    p = good(); expect(p, q.data(), k.data(), nullptr, out.data(), "v is NULL");
+    p = good(); expect(p, q.data(), k.data(), v.data(), nullptr, "out is NULL");
+    p = good(); p.q_len = INT64_C(1) << 40; p.head_dim = INT64_C(1) << 30; expect(p, q.data(), k.data(), v.data(), out.data(), "overflow");
+    mha_runtime_destroy(rt);
+}
