@@ -26,7 +26,7 @@ struct Case {
     bool weights = false;
 };
 
-std::vector<RuntimeOptions> runtimes(int threads = 1) {
+std::vector<RuntimeOptions> runtimes(int threads) {
     std::vector<RuntimeOptions> v;
     for (Isa isa : supported_isas()) {
         RuntimeOptions o{threads, isa, {}};
@@ -34,6 +34,7 @@ std::vector<RuntimeOptions> runtimes(int threads = 1) {
         TileConfig t = default_tile_config(isa, detect_cache_sizes());
         t.attn_block_q = 5;  // tiny tiles: every edge, many tiles per row
         t.attn_block_k = 7;
+        t.attn_kv_chunk = 14;  // many chunks: the merge of chunk states is exercised too
         o.tiles = t;
         v.push_back(o);
     }
@@ -122,12 +123,34 @@ const Case kCases[] = {
 } // namespace
 
 TEST_CASE("attention against double: every feature and combination, every ISA, two tilings") {
-    for (const auto &o : runtimes())
+    for (const auto &o : runtimes(1))
         for (const auto &c : kCases) {
             CAPTURE(std::string(isa_name(*o.isa)));
             CAPTURE(o.tiles.has_value());
             check(c, o);
         }
+}
+
+TEST_CASE("decode split over threads: keys in chunks on different threads, same bits as one thread") {
+    // One KV head, one query: a single work item, so two threads split its key chunks.
+    const Case c{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true};
+    Data d = make(c, 21);
+    for (const auto &o1 : runtimes(1)) {
+        RuntimeOptions o2 = o1;
+        o2.num_threads = 2;
+        Runtime r1(o1), r2(o2);
+        std::vector<float> out1(static_cast<size_t>(c.H * c.Dv)), out2(out1.size()), w1(static_cast<size_t>(c.H * c.Lk)),
+            w2(w1.size());
+        d.p.weights = w1.data();
+        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), out1.data());
+        d.p.weights = w2.data();
+        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), out2.data());
+        CHECK(test::same_bits(out1, out2));
+        CHECK(test::same_bits(w1, w2));
+        std::vector<double> want;
+        ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
+        for (size_t i = 0; i < out2.size(); ++i) CHECK(std::fabs(out2[i] - want[i]) <= 5e-5);
+    }
 }
 
 TEST_CASE("empty problems and kv_len == 0") {

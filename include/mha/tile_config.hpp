@@ -28,6 +28,10 @@ struct TileConfig {
     // Fused attention: query rows per head in one work item, and keys per score tile.
     int64_t attn_block_q = 0;
     int64_t attn_block_k = 0;
+    // Keys per chunk (a multiple of attn_block_k). Each chunk's softmax state is computed on its
+    // own and the chunks merged in order; when there are fewer work items than threads (decode),
+    // the chunks of one item run on different threads with the same result.
+    int64_t attn_kv_chunk = 0;
 
     // Throws mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
     void validate(Isa isa) const;

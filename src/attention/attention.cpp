@@ -94,7 +94,7 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     Shape s{p.batch, p.q_len, p.kv_len, p.num_heads, p.num_kv_heads, p.head_dim, p.value_dim,
             p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim)), p.causal, p.kv_valid_lens,
             p.mask, p.mask_batch_stride, p.mask_row_stride, p.weights,
-            std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k};
+            std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k, st.tiles.attn_kv_chunk};
 
     // Work items, costliest first (rows x keys they can see), so the threads finish together.
     std::vector<Item> items;
@@ -113,20 +113,61 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
 
     const int64_t per_item = attention_detail::item_scratch_floats(s, ak.mr, ak.nr);
-    const int64_t workers = std::min<int64_t>(st.num_threads, static_cast<int64_t>(items.size()));
-    auto scratch = st.pool.borrow(static_cast<size_t>(per_item * workers));
-    std::atomic<size_t> next{0};
-    auto work = [&](int64_t w) {
-        float *mine = scratch.data() + w * per_item;
-        for (size_t n; (n = next.fetch_add(1)) < order.size();) ak.item(s, q, k, v, out, items[order[n]], mine);
+    const int64_t T = st.num_threads;
+    // Runs fn(task, scratch) for task in [0, count) on up to T threads, each taking the next task
+    // in order (so the costliest start first) with its own scratch.
+    auto run_tasks = [&](int64_t count, float *scratch, const auto &fn) {
+        const int64_t workers = std::min<int64_t>(T, count);
+        std::atomic<int64_t> next{0};
+        auto work = [&](int64_t w) {
+            for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch + w * per_item);
+        };
+        if (workers <= 1) return work(0);
+        st.arena.execute([&] {
+            tbb::parallel_for(tbb::blocked_range<int64_t>(0, workers, 1),
+                              [&](const tbb::blocked_range<int64_t> &r) {
+                                  for (int64_t w = r.begin(); w != r.end(); ++w) work(w);
+                              },
+                              tbb::simple_partitioner());
+        });
     };
-    if (workers == 1) return work(0);
-    st.arena.execute([&] {
-        tbb::parallel_for(tbb::blocked_range<int64_t>(0, workers, 1),
-                          [&](const tbb::blocked_range<int64_t> &r) {
-                              for (int64_t w = r.begin(); w != r.end(); ++w) work(w);
-                          },
-                          tbb::simple_partitioner());
+
+    if (static_cast<int64_t>(items.size()) >= T) {
+        auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T));
+        run_tasks(static_cast<int64_t>(items.size()), scratch.data(), [&](int64_t n, float *w) {
+            ak.item(s, q, k, v, out, items[order[static_cast<size_t>(n)]], w);
+        });
+        return;
+    }
+    // Fewer items than threads (decode): split each item's keys into its fixed chunks, compute the
+    // chunks' states on any thread, then merge each item's chunks in order.
+    struct Task {
+        size_t item;
+        int64_t chunk;
+        int64_t state;  // offset of its state in the states buffer
+    };
+    std::vector<Task> tasks;
+    std::vector<int64_t> first_state(items.size()), chunks(items.size());
+    int64_t state_floats = 0;
+    for (size_t n = 0; n < items.size(); ++n) {
+        const Item &it = items[order[n]];
+        int64_t end = 0;
+        for (int64_t i = it.i0; i < it.i1; ++i) end = std::max(end, s.key_limit(it.b, i));
+        const int64_t per_state = s.group() * (it.i1 - it.i0) * (2 + s.value_dim);
+        chunks[n] = (end + s.kv_chunk - 1) / s.kv_chunk;
+        first_state[n] = state_floats;
+        for (int64_t c = 0; c < chunks[n]; ++c) tasks.push_back({n, c, state_floats + c * per_state});
+        state_floats += chunks[n] * per_state;
+    }
+    auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T + state_floats));
+    float *states = scratch.data() + per_item * T;
+    run_tasks(static_cast<int64_t>(tasks.size()), scratch.data(), [&](int64_t n, float *w) {
+        const Task &t = tasks[static_cast<size_t>(n)];
+        ak.chunk(s, q, k, v, items[order[t.item]], t.chunk, states + t.state, w);
+    });
+    run_tasks(static_cast<int64_t>(items.size()), scratch.data(), [&](int64_t n, float *w) {
+        ak.merge(s, q, k, out, items[order[static_cast<size_t>(n)]], chunks[static_cast<size_t>(n)],
+                 states + first_state[static_cast<size_t>(n)], w);
     });
 }
 

@@ -27,8 +27,9 @@ inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The scratch layout of one item.
 struct ItemScratch {
-    float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc;
-    static int64_t sizes(const Shape &s, int mr, int nr, int64_t out[8]) {
+    float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc;
+    static constexpr int kParts = 11;
+    static int64_t sizes(const Shape &s, int mr, int nr, int64_t out[kParts]) {
         const int64_t M = s.group() * s.block_q, Mp = round_up_to(M, mr), BK = s.block_k;
         out[0] = M * s.head_dim;                       // q_rows: scaled Q rows, row-major
         out[1] = Mp * s.head_dim;                      // q_packed: MR-row panels
@@ -38,15 +39,18 @@ struct ItemScratch {
         out[5] = M;                                    // m: running max
         out[6] = M;                                    // l: running sum
         out[7] = M * s.value_dim;                      // acc: output accumulator
+        out[8] = M;                                    // cm, cl, cacc: the state of one key chunk
+        out[9] = M;
+        out[10] = M * s.value_dim;
         int64_t total = 0;
-        for (int i = 0; i < 8; ++i) total += round_up_to(out[i], 16);  // keep each part 64-byte aligned
+        for (int i = 0; i < kParts; ++i) total += round_up_to(out[i], 16);  // keep each part 64-byte aligned
         return total;
     }
     ItemScratch(const Shape &s, int mr, int nr, float *base) {
-        int64_t sz[8];
+        int64_t sz[kParts];
         sizes(s, mr, nr, sz);
-        float **parts[8] = {&q_rows, &q_packed, &k_packed, &v_packed, &this->s, &m, &l, &acc};
-        for (int i = 0; i < 8; ++i) {
+        float **parts[kParts] = {&q_rows, &q_packed, &k_packed, &v_packed, &this->s, &m, &l, &acc, &cm, &cl, &cacc};
+        for (int i = 0; i < kParts; ++i) {
             *parts[i] = base;
             base += round_up_to(sz[i], 16);
         }
@@ -86,44 +90,116 @@ struct FusedAttention {
         gemm::pack_panels<Arch, NR>(count, kc, src, sx, sp, out);
     }
 
-    static void run(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &it,
-                    float *scratch) {
-        const int64_t G = s.group(), D = s.head_dim, Dv = s.value_dim, H = s.heads;
-        const int64_t rows_per_head = it.i1 - it.i0, M = G * rows_per_head;
-        const ItemScratch w(s, MR, NR, scratch);
-        // Scaled Q rows of the group's heads, stacked head by head, then packed once.
+    // Scaled Q rows of the group's heads, stacked head by head, then packed once.
+    static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
+        const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         for (int64_t hh = 0; hh < G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
-                const float *src = q + ((it.b * s.q_len + i) * H + it.g * G + hh) * D;
+                const float *src = q + ((it.b * s.q_len + i) * s.heads + it.g * G + hh) * D;
                 float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
-        gemm::pack_panels<Arch, MR>(M, D, w.q_rows, D, 1, w.q_packed);
-        std::fill(w.m, w.m + M, kNegInf);
-        std::fill(w.l, w.l + M, 0.0f);
-        std::fill(w.acc, w.acc + M * Dv, 0.0f);
+        gemm::pack_panels<Arch, MR>(G * rows_per_head, D, w.q_rows, D, 1, w.q_packed);
+    }
 
-        // Keys no row of the item can see are skipped whole: past the valid length, or (causal)
-        // past the last row's diagonal.
-        int64_t key_end = 0;
-        for (int64_t i = it.i0; i < it.i1; ++i) key_end = std::max(key_end, s.key_limit(it.b, i));
+    // Keys [0, key_end) are all that any row of the item can see: past the valid length, or
+    // (causal) past the last row's diagonal, whole tiles are skipped.
+    static int64_t key_end(const Shape &s, const Item &it) {
+        int64_t e = 0;
+        for (int64_t i = it.i0; i < it.i1; ++i) e = std::max(e, s.key_limit(it.b, i));
+        return e;
+    }
+
+    // The online softmax over keys [c0, c1) from a fresh state (m = -inf, l = 0, acc = 0). Q must
+    // be packed. Every chunk of keys is computed this way, by whichever thread, so splitting the
+    // keys over threads gives the same bits as one thread walking them.
+    static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
+                      const ItemScratch &w, float *m, float *l, float *acc) {
+        const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = s.group() * rows_per_head;
+        std::fill(m, m + M, kNegInf);
+        std::fill(l, l + M, 0.0f);
+        std::fill(acc, acc + M * Dv, 0.0f);
         const int64_t kv_stride = s.kv_heads * Dv;
-        for (int64_t j0 = 0; j0 < key_end; j0 += s.block_k) {
-            const int64_t n = std::min(s.block_k, key_end - j0);
+        for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
+            const int64_t n = std::min(s.block_k, c1 - j0);
             scores(s, k, it, M, rows_per_head, j0, n, w);
-            Rows::online_fold(M, n, w.s, s.block_k, w.m, w.l, w.acc, Dv, Dv);
+            Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
             const float *v0 = v + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * Dv;
             gemm::pack_panels<Arch, NR>(Dv, n, v0, 1, kv_stride, w.v_packed);
             gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{M, Dv, n, 0, (Dv + NR - 1) / NR, w.s, s.block_k, 1,
-                                                              nullptr, 0, w.v_packed, w.acc, Dv, 1.0f, 1.0f});
+                                                              nullptr, 0, w.v_packed, acc, Dv, 1.0f, 1.0f});
         }
+    }
+
+    // Folds a chunk's state (cm, cl, cacc) into the running state (m, l, acc), row by row, in the
+    // order the chunks come.
+    static void merge(int64_t M, int64_t Dv, float *m, float *l, float *acc, const float *cm, const float *cl,
+                      const float *cacc) {
+        for (int64_t r = 0; r < M; ++r) {
+            if (cm[r] == kNegInf) continue;  // the chunk showed this row nothing
+            const float mn = std::isnan(cm[r]) || std::isnan(m[r]) ? cm[r] + m[r] : std::max(m[r], cm[r]);
+            const float a = std::exp(m[r] - mn), b = std::exp(cm[r] - mn);
+            float *ar = acc + r * Dv;
+            const float *cr = cacc + r * Dv;
+            for (int64_t d = 0; d < Dv; ++d) ar[d] = ar[d] * a + cr[d] * b;
+            l[r] = l[r] * a + cl[r] * b;
+            m[r] = mn;
+        }
+    }
+
+    // Divides by the sums, scatters the rows to out and, if asked, writes the weights.
+    static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w) {
+        const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = G * rows_per_head;
         Rows::online_finish(M, w.l, w.acc, Dv, Dv);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            std::memcpy(out + ((it.b * s.q_len + i) * H + it.g * G + hh) * Dv, w.acc + r * Dv,
+            std::memcpy(out + ((it.b * s.q_len + i) * s.heads + it.g * G + hh) * Dv, w.acc + r * Dv,
                         static_cast<size_t>(Dv) * sizeof(float));
         }
-        if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end, w);
+        if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w);
+    }
+
+    static void start(int64_t M, int64_t Dv, const ItemScratch &w) {
+        std::fill(w.m, w.m + M, kNegInf);
+        std::fill(w.l, w.l + M, 0.0f);
+        std::fill(w.acc, w.acc + M * Dv, 0.0f);
+    }
+
+    // The whole item on one thread: the key chunks in order, each merged as it completes.
+    static void run(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &it,
+                    float *scratch) {
+        const ItemScratch w(s, MR, NR, scratch);
+        const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it);
+        pack_q(s, q, it, w);
+        start(M, s.value_dim, w);
+        for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
+            chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, w.cm, w.cl, w.cacc);
+            merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
+        }
+        finish(s, k, out, it, w);
+    }
+
+    // One key chunk of an item, into a caller-owned state (for splitting the keys over threads).
+    static void run_chunk(const Shape &s, const float *q, const float *k, const float *v, const Item &it,
+                          int64_t chunk_index, float *state, float *scratch) {
+        const ItemScratch w(s, MR, NR, scratch);
+        const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it), c0 = chunk_index * s.kv_chunk;
+        pack_q(s, q, it, w);
+        chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, state, state + M, state + 2 * M);
+    }
+
+    // Merges the item's chunk states in order, then finishes as run() does.
+    static void run_merge(const Shape &s, const float *q, const float *k, float *out, const Item &it,
+                          int64_t chunks, const float *states, float *scratch) {
+        const ItemScratch w(s, MR, NR, scratch);
+        const int64_t M = s.group() * (it.i1 - it.i0), Dv = s.value_dim, per = M * (2 + Dv);
+        start(M, Dv, w);
+        for (int64_t c = 0; c < chunks; ++c) {
+            const float *st = states + c * per;
+            merge(M, Dv, w.m, w.l, w.acc, st, st + M, st + 2 * M);
+        }
+        if (s.weights) pack_q(s, q, it, w);
+        finish(s, k, out, it, w);
     }
 
     // weights[b, h, i, :] = exp(S - m) / l, recomputing S tile by tile; keys never visible get 0.

@@ -18,6 +18,7 @@ struct Shape {
     int64_t mask_batch_stride, mask_row_stride;
     float *weights;             // NULL or [batch, heads, q_len, kv_len]
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
+    int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
     int64_t group() const { return heads / kv_heads; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {
@@ -36,14 +37,22 @@ struct Item {
 // Floats of scratch one item needs (the same layout the kernels carve up).
 int64_t item_scratch_floats(const Shape &s, int mr, int nr);
 
+// A whole item on one thread.
 using ItemFn = void (*)(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &item,
                         float *scratch);
+// One key chunk of an item into `state` (m[M], l[M], acc[M x Dv]); then all chunks merged in order.
+using ChunkFn = void (*)(const Shape &s, const float *q, const float *k, const float *v, const Item &item,
+                         int64_t chunk, float *state, float *scratch);
+using MergeFn = void (*)(const Shape &s, const float *q, const float *k, float *out, const Item &item, int64_t chunks,
+                         const float *states, float *scratch);
 
 struct AttentionKernel {
     const char *name;  // the GEMM microkernel it is built on
     Isa isa;
     int mr, nr;
     ItemFn item;
+    ChunkFn chunk;
+    MergeFn merge;
 };
 
 std::span<const AttentionKernel> attention_kernels_avx2();

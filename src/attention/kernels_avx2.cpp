@@ -9,6 +9,6 @@ std::span<const mha::attention_detail::AttentionKernel> mha::attention_detail::a
 
 // The scratch layout is the same for every ISA; it lives with the kernels that carve it up.
 int64_t mha::attention_detail::item_scratch_floats(const Shape &s, int mr, int nr) {
-    int64_t sizes[8];
+    int64_t sizes[ItemScratch::kParts];
     return ItemScratch::sizes(s, mr, nr, sizes);
 }

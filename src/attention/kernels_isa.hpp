@@ -8,7 +8,7 @@ namespace {
 template <int MR, int NV>
 constexpr AttentionKernel make_attention_kernel(const char *name) {
     using K = FusedAttention<MHA_ISA_ARCH, MR, NV>;
-    return AttentionKernel{name, Isa::MHA_ISA_TAG, MR, K::NR, &K::run};
+    return AttentionKernel{name, Isa::MHA_ISA_TAG, MR, K::NR, &K::run, &K::run_chunk, &K::run_merge};
 }
 
 #define MHA_EMIT_KERNEL(name, mr, nv) make_attention_kernel<mr, nv>(name),

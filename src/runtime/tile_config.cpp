@@ -49,6 +49,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // four heads still fits in half of a 2 MiB L2.
     t.attn_block_q = 64;
     t.attn_block_k = 256;
+    // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
+    // threads work at Lk = 2048 in decode.
+    t.attn_kv_chunk = 1024;
     return t;
 }
 
@@ -70,6 +73,8 @@ void TileConfig::validate(Isa isa) const {
     check(sup_max_k >= 0 && sup_max_k <= 65536, "sup_max_k", "must be in [0, 65536]");
     check(attn_block_q >= 1 && attn_block_q <= 4096, "attn_block_q", "must be in [1, 4096]");
     check(attn_block_k >= 1 && attn_block_k <= 8192, "attn_block_k", "must be in [1, 8192]");
+    check(attn_kv_chunk >= attn_block_k && attn_kv_chunk <= (1 << 24) && attn_kv_chunk % attn_block_k == 0,
+          "attn_kv_chunk", "must be a multiple of attn_block_k, at most 2^24");
 }
 
 } // namespace mha
