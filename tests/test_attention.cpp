@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -150,6 +152,52 @@ TEST_CASE("decode split over threads: keys in chunks on different threads, same 
         std::vector<double> want;
         ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
         for (size_t i = 0; i < out2.size(); ++i) CHECK(std::fabs(out2[i] - want[i]) <= 5e-5);
+    }
+}
+
+TEST_CASE("golden files from PyTorch (tests/data/gen_attention_golden.py)") {
+    for (const char *name : {"self_mask_b1l", "cross_valid_lens", "causal_kvcache_gqa", "dv_ne_dqk_full_mask"}) {
+        CAPTURE(name);
+        std::ifstream f(std::string(MHA_TEST_DATA) + "/attention_" + name + ".txt");
+        REQUIRE(f.good());
+        int64_t B, Lq, Lk, H, Hkv, D, Dv;
+        int causal, has_valid, mask_kind;
+        f >> B >> Lq >> Lk >> H >> Hkv >> D >> Dv >> causal >> has_valid >> mask_kind;
+        auto read = [&](size_t n) {
+            std::vector<double> x(n);
+            for (auto &e : x) f >> e;
+            REQUIRE(f.good());
+            return x;
+        };
+        auto to_float = [](const std::vector<double> &x) { return std::vector<float>(x.begin(), x.end()); };
+        const auto q = to_float(read(static_cast<size_t>(B * Lq * H * D)));
+        const auto k = to_float(read(static_cast<size_t>(B * Lk * Hkv * D)));
+        const auto v = to_float(read(static_cast<size_t>(B * Lk * Hkv * Dv)));
+        std::vector<int32_t> valid;
+        std::vector<uint8_t> mask;
+        if (has_valid)
+            for (double x : read(static_cast<size_t>(B))) valid.push_back(static_cast<int32_t>(x));
+        if (mask_kind)
+            for (double x : read(static_cast<size_t>(B * (mask_kind == 1 ? 1 : Lq) * Lk))) mask.push_back(x != 0);
+        const auto want = read(static_cast<size_t>(B * Lq * H * Dv));
+        const auto want_w = read(static_cast<size_t>(B * H * Lq * Lk));
+        for (Isa isa : supported_isas()) {
+            Runtime rt(RuntimeOptions{1, isa, {}});
+            AttentionParams p;
+            p.batch = B; p.q_len = Lq; p.kv_len = Lk; p.num_heads = H; p.num_kv_heads = Hkv;
+            p.head_dim = D; p.value_dim = Dv; p.causal = causal != 0;
+            if (has_valid) p.kv_valid_lens = valid.data();
+            if (mask_kind) {
+                p.mask = mask.data();
+                p.mask_row_stride = mask_kind == 1 ? 0 : Lk;
+                p.mask_batch_stride = (mask_kind == 1 ? 1 : Lq) * Lk;
+            }
+            std::vector<float> out(want.size()), w(want_w.size());
+            p.weights = w.data();
+            attention(rt, p, q.data(), k.data(), v.data(), out.data());
+            for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - want[i]) <= 1e-5);
+            for (size_t i = 0; i < w.size(); ++i) CHECK(std::fabs(w[i] - want_w[i]) <= 1e-5);
+        }
     }
 }
 
