@@ -1,5 +1,8 @@
 #include "bench/bench_support.hpp"
 
+#include "mha/runtime.hpp"
+#include "mha/softmax.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +97,57 @@ DnnlSoftmax::DnnlSoftmax(int64_t, int64_t, const float *, float *) { std::abort(
 DnnlSoftmax::~DnnlSoftmax() = default;
 void DnnlSoftmax::run(int) { std::abort(); }
 #endif
+
+std::string AttentionShape::str() const {
+    return "L" + std::to_string(len) + " H" + std::to_string(heads) + " D" + std::to_string(dim) + (causal ? " causal" : "");
+}
+
+const std::vector<AttentionShape> &attention_shapes() {
+    static const std::vector<AttentionShape> shapes = [] {
+        std::vector<AttentionShape> v;
+        for (int64_t len : {128, 512, 2048, 4096})
+            for (int64_t dim : {64, 128})
+                for (bool causal : {false, true})
+                    v.push_back({1, len, 8, dim, causal, (len == 512 || len == 2048) && dim == 64});
+        return v;
+    }();
+    return shapes;
+}
+
+std::string DecodeShape::str() const {
+    return "B" + std::to_string(batch) + " Lk" + std::to_string(kv_len) + " H" + std::to_string(heads) + "/" +
+           std::to_string(kv_heads) + " D" + std::to_string(dim);
+}
+
+const std::vector<DecodeShape> &decode_shapes() {
+    static const std::vector<DecodeShape> shapes = {
+        {1, 4096, 32, 8, 128, true}, {4, 4096, 32, 8, 128, false}, {16, 4096, 32, 8, 128, true}};
+    return shapes;
+}
+
+void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len, int64_t heads, int64_t dim,
+                    bool causal, const float *q, const float *k, const float *v, float *out, std::vector<float> &scores) {
+    static mha::Runtime softmax_rt(mha::RuntimeOptions{1, {}, {}});
+    const int64_t rows_per = block_rows ? block_rows : len, ld = heads * dim;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    scores.resize(static_cast<size_t>(rows_per * len));
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *qh = q + b * len * ld + h * dim, *kh = k + b * len * ld + h * dim, *vh = v + b * len * ld + h * dim;
+            float *oh = out + b * len * ld + h * dim;
+            for (int64_t i0 = 0; i0 < len; i0 += rows_per) {
+                const int64_t rows = std::min(rows_per, len - i0);
+                // With blocks, causal rows [i0, i0 + rows) need keys [0, i0 + rows) only.
+                const int64_t keys = causal && block_rows ? i0 + rows : len;
+                dnnl_sgemm(threads, 'N', 'T', rows, keys, dim, scale, qh + i0 * ld, ld, kh, ld, 0.0f, scores.data(), keys);
+                if (causal)
+                    for (int64_t r = 0; r < rows; ++r)
+                        for (int64_t j = i0 + r + 1; j < keys; ++j) scores[static_cast<size_t>(r * keys + j)] = -INFINITY;
+                mha::softmax(softmax_rt, rows, keys, scores.data(), keys, scores.data(), keys);
+                dnnl_sgemm(threads, 'N', 'N', rows, dim, keys, 1.0f, scores.data(), keys, vh, ld, 0.0f, oh + i0 * ld, ld);
+            }
+        }
+}
 
 double measure_fma_peak_gflops(int threads) {
     const bool avx512 = cpu_supports(Isa::avx512);

@@ -48,6 +48,31 @@ private:
     Impl *impl_ = nullptr;
 };
 
+struct AttentionShape {
+    int64_t batch, len, heads, dim;
+    bool causal, quick;
+    double flops() const { return 4.0 * static_cast<double>(len) * static_cast<double>(len) * static_cast<double>(dim) * static_cast<double>(heads) * static_cast<double>(batch); }
+    std::string str() const;  // "L2048 H8 D64 causal"
+};
+// The attention shapes of bench_attention.cpp and the mha-bench attention suite (self-attention,
+// Lq = Lk = len, batch 1). GFLOP/s always counts the nominal 4 L^2 D H, causal or not.
+const std::vector<AttentionShape> &attention_shapes();
+
+struct DecodeShape {
+    int64_t batch, kv_len, heads, kv_heads, dim;
+    bool quick;
+    double kv_bytes() const { return 2.0 * 4.0 * static_cast<double>(batch * kv_len * kv_heads * dim); }
+    std::string str() const;  // "B4 Lk4096 H32/8 D128"
+};
+const std::vector<DecodeShape> &decode_shapes();
+
+// Unfused attention built on dnnl_sgemm, one (batch, head) at a time, as PyTorch composes it:
+// S = Q K^T * scale, a row softmax (mha's, so the anchor is not held back by its softmax), O = P V.
+// block_rows = 0 materializes the full Lq x Lk scores; otherwise block_rows query rows at a time,
+// and causal rows multiply only the keys up to their diagonal. Layouts as mha::attention's.
+void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len, int64_t heads, int64_t dim,
+                    bool causal, const float *q, const float *k, const float *v, float *out, std::vector<float> &scores);
+
 // Peak fp32 FMA GFLOP/s of `threads` threads running the probe at once with the widest ISA the
 // CPU has (the median of several short runs; about 0.3 s).
 double measure_fma_peak_gflops(int threads);
