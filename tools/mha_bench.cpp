@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_support.hpp"
+#include "mha/attention.hpp"
 #include "mha/gemm.hpp"
 #include "mha/softmax.hpp"
 
@@ -29,6 +30,7 @@ struct Options {
 struct Context {
     Options opt;
     std::map<int, double> peak;  // threads -> GFLOP/s
+    double bandwidth = 0;        // GB/s, one thread
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
 };
 
@@ -56,6 +58,7 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
     r.ms = t[0] * 1e3;
     r.rate = work / t[0] * 1e-9;
     if (r.unit == "GFLOP/s") r.peak_fraction = r.rate / ctx.peak.at(r.threads);
+    if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth;
     for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
     rows.push_back(r);
 }
@@ -152,6 +155,58 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
     }
 }
 
+void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    for (const auto &s : bench::attention_shapes()) {
+        if (ctx.opt.quick && !s.quick) continue;
+        if (filter && !std::regex_search("attention/fused/" + s.str(), *filter)) continue;
+        const size_t n = static_cast<size_t>(s.batch * s.len * s.heads * s.dim);
+        std::vector<float> q(n), k(n), v(n), out(n), scores;
+        for (size_t i = 0; i < n; ++i) {
+            q[i] = static_cast<float>(i % 13) * 0.01f;
+            k[i] = static_cast<float>(i % 7) * 0.02f;
+            v[i] = static_cast<float>(i % 5) * 0.1f;
+        }
+        AttentionParams p;
+        p.batch = s.batch; p.q_len = p.kv_len = s.len; p.num_heads = p.num_kv_heads = s.heads;
+        p.head_dim = p.value_dim = s.dim; p.causal = s.causal;
+        for (int threads : ctx.opt.threads) {
+            std::fprintf(stderr, "attention %s threads=%d\n", s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            std::vector<Anchor> anchors;
+            if (bench::has_dnnl()) {
+                anchors.push_back({"blocked", [&] {
+                                       bench::dnnl_attention(threads, 256, s.batch, s.len, s.heads, s.dim, s.causal, q.data(),
+                                                             k.data(), v.data(), out.data(), scores);
+                                   }});
+                anchors.push_back({"full", [&] {
+                                       bench::dnnl_attention(threads, 0, s.batch, s.len, s.heads, s.dim, s.causal, q.data(),
+                                                             k.data(), v.data(), out.data(), scores);
+                                   }});
+            }
+            measure(ctx, Row{"attn", "fused", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
+                    [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
+        }
+    }
+}
+
+void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    for (const auto &s : bench::decode_shapes()) {
+        if (ctx.opt.quick && !s.quick) continue;
+        if (filter && !std::regex_search("decode/fused/" + s.str(), *filter)) continue;
+        const int64_t B = s.batch, H = s.heads, Hkv = s.kv_heads, D = s.dim, L = s.kv_len;
+        std::vector<float> q(static_cast<size_t>(B * H * D), 0.01f), k(static_cast<size_t>(B * L * Hkv * D), 0.02f),
+            v(k.size(), 0.5f), out(q.size());
+        AttentionParams p;
+        p.batch = B; p.q_len = 1; p.kv_len = L; p.num_heads = H; p.num_kv_heads = Hkv; p.head_dim = p.value_dim = D;
+        for (int threads : ctx.opt.threads) {
+            std::fprintf(stderr, "decode %s threads=%d\n", s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            measure(ctx, Row{"decode", "fused", s.str(), threads, 0, 0, "GB/s", -1, {}}, s.kv_bytes(),
+                    [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, {}, rows);
+        }
+    }
+}
+
 void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
@@ -169,13 +224,16 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
         char peak[16] = "-";
         if (r.peak_fraction >= 0) std::snprintf(peak, sizeof peak, "%.1f%%", 100.0 * r.peak_fraction);
         char rate[32];
-        std::snprintf(rate, sizeof rate, "%.2f %s", r.rate, r.unit == "GFLOP/s" ? "GF/s" : "Ge/s");
+        std::snprintf(rate, sizeof rate, "%.2f %s", r.rate,
+                      r.unit == "GFLOP/s" ? "GF/s" : r.unit == "GB/s" ? "GB/s" : "Ge/s");
         std::printf("%-8s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
                     r.ms, rate, peak);
         for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
         std::printf("\n");
     }
-    std::printf("\nGF/s = GFLOP/s, Ge/s = 10^9 elements per second; vs X = X's time / mha's time\n");
+    std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
+                "K and V bytes read per second, %%peak there = share of the read bandwidth; vs X = X's time / mha's\n"
+                "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix).\n");
 }
 
 void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
@@ -189,7 +247,7 @@ void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
     for (const auto &r : rows) {
         nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
                             {"threads", r.threads}, {"ms", r.ms}};
-        o[r.unit == "GFLOP/s" ? "gflops" : "gelem_per_s"] = r.rate;
+        o[r.unit == "GFLOP/s" ? "gflops" : r.unit == "GB/s" ? "gbs" : "gelem_per_s"] = r.rate;
         o["peak_fraction"] = r.peak_fraction >= 0 ? nlohmann::json(r.peak_fraction) : nlohmann::json(nullptr);
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
         j["results"].push_back(o);
@@ -208,10 +266,12 @@ int main(int argc, char **argv) {
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
         for (int t : ctx.opt.threads) ctx.peak[t] = bench::measure_fma_peak_gflops(t);
-        const double bw = bench::measure_read_bandwidth_gbs(1);
+        const double bw = ctx.bandwidth = bench::measure_read_bandwidth_gbs(1);
         std::vector<Row> rows;
         suite_gemm(ctx, filter.get(), rows);
         suite_softmax(ctx, filter.get(), rows);
+        suite_attention(ctx, filter.get(), rows);
+        suite_decode(ctx, filter.get(), rows);
         if (ctx.opt.json)
             print_json(ctx, bw, rows);
         else
