@@ -201,6 +201,22 @@ TEST_CASE("golden files from PyTorch (tests/data/gen_attention_golden.py)") {
     }
 }
 
+TEST_CASE("the unfused path (GEMM, softmax, GEMM) agrees with the fused one") {
+    Runtime rt(RuntimeOptions{2, {}, {}});
+    for (const auto &c : kCases) {
+        CAPTURE(c.what);
+        Data d = make(c, 17);
+        const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), nw = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
+        std::vector<float> fused(n), unfused(n), wf(nw), wu(nw);
+        d.p.weights = wf.data();
+        attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), fused.data());
+        d.p.weights = wu.data();
+        attention_unfused(rt, d.p, d.q.data(), d.k.data(), d.v.data(), unfused.data());
+        for (size_t i = 0; i < n; ++i) CHECK(std::fabs(fused[i] - unfused[i]) <= 5e-5);
+        for (size_t i = 0; i < nw; ++i) CHECK(std::fabs(wf[i] - wu[i]) <= 5e-5);
+    }
+}
+
 TEST_CASE("empty problems and kv_len == 0") {
     Runtime rt(RuntimeOptions{1, {}, {}});
     AttentionParams p;

@@ -27,4 +27,12 @@ struct AttentionParams {
 // inside a batch. Throws mha::Error on bad arguments, before writing anything.
 void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out);
 
+// The same result through the unfused composition (GEMM, masks, softmax, GEMM), which stores the
+// q_len x kv_len score matrix of one head at a time: a second opinion for tests and a baseline.
+void attention_unfused(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v,
+                       float *out);
+
+// Throws mha::Error, naming the field, if the arguments of attention() are not valid.
+void attention_validate(const AttentionParams &p, const float *q, const float *k, const float *v, const float *out);
+
 } // namespace mha

@@ -39,7 +39,9 @@ int64_t checked_product(std::initializer_list<int64_t> dims, const char *what) {
     return p;
 }
 
-void validate(const AttentionParams &p, const float *q, const float *k, const float *v, const float *out) {
+} // namespace
+
+void attention_validate(const AttentionParams &p, const float *q, const float *k, const float *v, const float *out) {
     using detail::check_size;
     check_size("batch", p.batch);
     check_size("q_len", p.q_len);
@@ -84,10 +86,8 @@ void validate(const AttentionParams &p, const float *q, const float *k, const fl
     }
 }
 
-} // namespace
-
 void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out) {
-    validate(p, q, k, v, out);
+    attention_validate(p, q, k, v, out);
     if (p.batch == 0 || p.q_len == 0) return;
     auto &st = rt.state();
     const auto &ak = attention_detail::find_attention_kernel(st.tiles.gemm_ukernel);
