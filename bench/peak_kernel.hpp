@@ -7,6 +7,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "simd/fmadd.hpp"
+
 namespace mha::bench {
 namespace {
 
@@ -21,7 +23,7 @@ double fma_gflops_probe(int64_t iters) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 16
-        for (int i = 0; i < kChains; ++i) acc[i] = xsimd::fma(acc[i], x, y);
+        for (int i = 0; i < kChains; ++i) acc[i] = mha::simd::fmadd(acc[i], x, y);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     volatile float sink = 0;

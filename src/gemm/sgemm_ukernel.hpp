@@ -7,6 +7,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "simd/fmadd.hpp"
+
 #include "gemm/sgemm_kernels.hpp"
 
 namespace mha::gemm {
@@ -53,7 +55,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         for (int i = 0; i < MR; ++i) {
             const V ai(a[i * rs_a]);
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) acc[i][j] = xsimd::fma(ai, bv[j], acc[i][j]);
+            for (int j = 0; j < NV; ++j) acc[i][j] = simd::fmadd(ai, bv[j], acc[i][j]);
         }
         a += cs_a;
         b += rs_b;
@@ -72,7 +74,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
 #pragma GCC unroll 8
             for (int j = 0; j < NV; ++j) {
                 float *cp = c + i * ldc + j * W;
-                xsimd::fma(acc[i][j], va, vb * V::load_unaligned(cp)).store_unaligned(cp);
+                simd::fmadd(acc[i][j], va, vb * V::load_unaligned(cp)).store_unaligned(cp);
             }
     }
 }

@@ -18,6 +18,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "simd/fmadd.hpp"
+
 namespace mha::softmax_detail {
 namespace {
 
@@ -28,11 +30,11 @@ constexpr float kExpCutoff = -87.33654f;  // ln(FLT_MIN)
 // e^t for t in [-ln2/2, ln2/2].
 template <class V>
 inline V exp_poly(const V &t) {
-    V p = xsimd::fma(V(0x1.0fa834p-7f), t, V(0x1.573a54p-5f));
-    p = xsimd::fma(p, t, V(0x1.555a6ap-3f));
-    p = xsimd::fma(p, t, V(0x1.fffdc6p-2f));
-    p = xsimd::fma(p, t, V(0x1.fffff6p-1f));
-    return xsimd::fma(p, t, V(1.0f));
+    V p = simd::fmadd(V(0x1.0fa834p-7f), t, V(0x1.573a54p-5f));
+    p = simd::fmadd(p, t, V(0x1.555a6ap-3f));
+    p = simd::fmadd(p, t, V(0x1.fffdc6p-2f));
+    p = simd::fmadd(p, t, V(0x1.fffff6p-1f));
+    return simd::fmadd(p, t, V(1.0f));
 }
 
 template <class Arch>
@@ -46,7 +48,7 @@ inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
         // low mantissa bits; subtracting it again gives n as a float (cheaper than vrndscaleps).
         const __m512 magic = _mm512_set1_ps(0x1.8p23f);
         const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), magic), magic);
-        const V t = xsimd::fma(V(n), V(kMinusLn2), x);
+        const V t = simd::fmadd(V(n), V(kMinusLn2), x);
         const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpCutoff), _CMP_NLT_UQ);
         return _mm512_maskz_scalef_ps(keep, exp_poly(t), n);
     }
@@ -56,7 +58,7 @@ inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
     // when either is NaN. hi keeps 2^n within the exponent field (n <= 128 is +inf).
     const V xc = xsimd::min(V(88.7228394f), xsimd::max(V(kExpCutoff), x));
     const V n = xsimd::nearbyint(xc * V(kLog2e));
-    const V t = xsimd::fma(n, V(kMinusLn2), xc);
+    const V t = simd::fmadd(n, V(kMinusLn2), xc);
     const V scale = xsimd::bitwise_cast<V>((xsimd::to_int(n) + I(127)) << 23);
     return xsimd::select(x < V(kExpCutoff), V(0.0f), exp_poly(t) * scale);
 }
