@@ -256,6 +256,25 @@ TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a ba
     }
 }
 
+TEST_CASE("strips with cached K/V tiles (1 thread) give the same bits as single query blocks (2 threads)") {
+    // B * Hkv = 2: one thread runs whole (batch, KV head) strips, two threads run query blocks.
+    const Case c{"strips", 1, 300, 333, 4, 2, 32, 24, true, 1, 2, true};
+    Data d = make(c, 31);
+    for (auto o1 : runtimes(1)) {
+        RuntimeOptions o2 = o1;
+        o2.num_threads = 2;
+        Runtime r1(o1), r2(o2);
+        const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), nw = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
+        std::vector<float> a(n), b(n), wa(nw), wb(nw);
+        d.p.weights = wa.data();
+        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), a.data());
+        d.p.weights = wb.data();
+        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), b.data());
+        CHECK(test::same_bits(a, b));
+        CHECK(test::same_bits(wa, wb));
+    }
+}
+
 TEST_CASE("8 host threads share one runtime") {
     const Case c{"conc", 2, 33, 41, 4, 2, 16, 16, true};
     Data d = make(c, 8);

@@ -96,13 +96,20 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
             p.mask, p.mask_batch_stride, p.mask_row_stride, p.weights,
             std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k, st.tiles.attn_kv_chunk};
 
-    // Work items, costliest first (rows x keys they can see), so the threads finish together.
+    // Work items, costliest first (rows x keys they can see), so the threads finish together. With
+    // at least two (batch, KV head) strips per thread, an item is a whole strip, which packs each K
+    // and V tile once for all its query blocks (if the strip's packed K and V fit in 8 MiB);
+    // otherwise an item is one query block. Each row is computed the same way in both.
+    const int64_t T = st.num_threads, bk = s.block_k;
+    const int64_t cache_bytes = (s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
+    s.cache_kv = s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
+    const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;
     for (int64_t b = 0; b < s.batch; ++b)
         for (int64_t g = 0; g < s.kv_heads; ++g)
-            for (int64_t i0 = 0; i0 < s.q_len; i0 += s.block_q) {
-                const Item it{b, g, i0, std::min(s.q_len, i0 + s.block_q)};
+            for (int64_t i0 = 0; i0 < s.q_len; i0 += item_rows) {
+                const Item it{b, g, i0, std::min(s.q_len, i0 + item_rows)};
                 int64_t c = 0;
                 for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(b, i) + 1;
                 items.push_back(it);
@@ -113,7 +120,6 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
 
     const int64_t per_item = attention_detail::item_scratch_floats(s, ak.mr, ak.nr);
-    const int64_t T = st.num_threads;
     // Runs fn(task, scratch) for task in [0, count) on up to T threads, each taking the next task
     // in order (so the costliest start first) with its own scratch.
     auto run_tasks = [&](int64_t count, float *scratch, const auto &fn) {

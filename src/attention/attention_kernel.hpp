@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <utility>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -33,8 +34,9 @@ struct ItemScratch {
         const int64_t M = s.group() * s.block_q, Mp = round_up_to(M, mr), BK = s.block_k;
         out[0] = M * s.head_dim;                       // q_rows: scaled Q rows, row-major
         out[1] = Mp * s.head_dim;                      // q_packed: MR-row panels
-        out[2] = round_up_to(BK, nr) * s.head_dim;     // k_packed: K^T in NR-column panels
-        out[3] = BK * round_up_to(s.value_dim, nr);    // v_packed: V in NR-column panels
+        const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
+        out[2] = tiles * round_up_to(BK, nr) * s.head_dim;   // k_packed: K^T in NR-column panels
+        out[3] = tiles * BK * round_up_to(s.value_dim, nr);  // v_packed: V in NR-column panels
         out[4] = M * BK;                               // s: scores, then probabilities
         out[5] = M;                                    // m: running max
         out[6] = M;                                    // l: running sum
@@ -75,19 +77,46 @@ struct FusedAttention {
         }
     }
 
+    // Packed K and V tiles. Without the cache each key step packs its tiles again; with it (one
+    // strip = all query blocks of a (batch, KV head) on one thread) each tile is packed once, the
+    // first time a query block needs it, and reused by the later blocks.
+    struct KVTiles {
+        int64_t end = 0;                   // cache: keys the strip needs at most; tiles are packed this wide
+        int64_t k_ready = 0, v_ready = 0;  // cache: tiles packed so far
+        int64_t width(const Shape &s, int64_t j0, int64_t n) const {
+            return s.cache_kv ? std::min(s.block_k, end - j0) : n;
+        }
+        const float *k(const Shape &s, const float *k, const Item &it, int64_t j0, int64_t n, const ItemScratch &w) {
+            const int64_t D = s.head_dim, t = j0 / s.block_k;
+            float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
+            if (!s.cache_kv || t >= k_ready) {
+                gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * D,
+                                            s.kv_heads * D, 1, dst);
+                k_ready = t + 1;
+            }
+            return dst;
+        }
+        // The packed V tile and the depth its panels were packed with (their stride).
+        std::pair<const float *, int64_t> v(const Shape &s, const float *v, const Item &it, int64_t j0, int64_t n,
+                                            const ItemScratch &w) {
+            const int64_t Dv = s.value_dim, t = j0 / s.block_k, depth = width(s, j0, n);
+            float *dst = w.v_packed + (s.cache_kv ? t * s.block_k * round_up_to(Dv, NR) : 0);
+            if (!s.cache_kv || t >= v_ready) {
+                gemm::pack_panels<Arch, NR>(Dv, depth, v + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * Dv, 1,
+                                            s.kv_heads * Dv, dst);
+                v_ready = t + 1;
+            }
+            return {dst, depth};
+        }
+    };
+
     // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked.
     static void scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0,
-                       int64_t n, const ItemScratch &w) {
-        const int64_t D = s.head_dim, kv_stride = s.kv_heads * D;
-        const float *k0 = k + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * D;
-        pack_panels_into(n, D, k0, kv_stride, 1, w.k_packed);
-        gemm::sgemm_macro_packed<Arch, MR, NV>(M, n, D, w.q_packed, w.k_packed, w.s, s.block_k, 1.0f, 0.0f);
+                       int64_t n, const ItemScratch &w, KVTiles &kv) {
+        const float *kp = kv.k(s, k, it, j0, n, w);
+        gemm::sgemm_macro_packed<Arch, MR, NV>(M, n, s.head_dim, w.q_packed, kp, w.s, s.block_k, 1.0f, 0.0f);
         for (int64_t r = 0; r < M; ++r)
             apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
-    }
-
-    static void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
-        gemm::pack_panels<Arch, NR>(count, kc, src, sx, sp, out);
     }
 
     // Scaled Q rows of the group's heads, stacked head by head, then packed once.
@@ -114,20 +143,18 @@ struct FusedAttention {
     // be packed. Every chunk of keys is computed this way, by whichever thread, so splitting the
     // keys over threads gives the same bits as one thread walking them.
     static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
-                      const ItemScratch &w, float *m, float *l, float *acc) {
+                      const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = s.group() * rows_per_head;
         std::fill(m, m + M, kNegInf);
         std::fill(l, l + M, 0.0f);
         std::fill(acc, acc + M * Dv, 0.0f);
-        const int64_t kv_stride = s.kv_heads * Dv;
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
-            scores(s, k, it, M, rows_per_head, j0, n, w);
+            scores(s, k, it, M, rows_per_head, j0, n, w, kv);
             Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
-            const float *v0 = v + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * Dv;
-            gemm::pack_panels<Arch, NR>(Dv, n, v0, 1, kv_stride, w.v_packed);
+            const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
             gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{M, Dv, n, 0, (Dv + NR - 1) / NR, w.s, s.block_k, 1,
-                                                              nullptr, 0, w.v_packed, acc, Dv, 1.0f, 1.0f});
+                                                              nullptr, 0, vp, v_depth, acc, Dv, 1.0f, 1.0f});
         }
     }
 
@@ -148,7 +175,7 @@ struct FusedAttention {
     }
 
     // Divides by the sums, scatters the rows to out and, if asked, writes the weights.
-    static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w) {
+    static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = G * rows_per_head;
         Rows::online_finish(M, w.l, w.acc, Dv, Dv);
         for (int64_t r = 0; r < M; ++r) {
@@ -156,7 +183,7 @@ struct FusedAttention {
             std::memcpy(out + ((it.b * s.q_len + i) * s.heads + it.g * G + hh) * Dv, w.acc + r * Dv,
                         static_cast<size_t>(Dv) * sizeof(float));
         }
-        if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w);
+        if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }
 
     static void start(int64_t M, int64_t Dv, const ItemScratch &w) {
@@ -165,18 +192,24 @@ struct FusedAttention {
         std::fill(w.acc, w.acc + M * Dv, 0.0f);
     }
 
-    // The whole item on one thread: the key chunks in order, each merged as it completes.
-    static void run(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &it,
+    // The whole item on one thread, query block by query block: the key chunks in order, each
+    // merged as it completes.
+    static void run(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &strip,
                     float *scratch) {
         const ItemScratch w(s, MR, NR, scratch);
-        const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it);
-        pack_q(s, q, it, w);
-        start(M, s.value_dim, w);
-        for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
-            chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, w.cm, w.cl, w.cacc);
-            merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
+        KVTiles kv;
+        kv.end = key_end(s, strip);
+        for (int64_t i0 = strip.i0; i0 < strip.i1; i0 += s.block_q) {
+            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q)};
+            const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it);
+            pack_q(s, q, it, w);
+            start(M, s.value_dim, w);
+            for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
+                chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, kv, w.cm, w.cl, w.cacc);
+                merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
+            }
+            finish(s, k, out, it, w, kv);
         }
-        finish(s, k, out, it, w);
     }
 
     // One key chunk of an item, into a caller-owned state (for splitting the keys over threads).
@@ -185,7 +218,8 @@ struct FusedAttention {
         const ItemScratch w(s, MR, NR, scratch);
         const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it), c0 = chunk_index * s.kv_chunk;
         pack_q(s, q, it, w);
-        chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, state, state + M, state + 2 * M);
+        KVTiles kv;
+        chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, kv, state, state + M, state + 2 * M);
     }
 
     // Merges the item's chunk states in order, then finishes as run() does.
@@ -199,12 +233,13 @@ struct FusedAttention {
             merge(M, Dv, w.m, w.l, w.acc, st, st + M, st + 2 * M);
         }
         if (s.weights) pack_q(s, q, it, w);
-        finish(s, k, out, it, w);
+        KVTiles kv;
+        finish(s, k, out, it, w, kv);
     }
 
     // weights[b, h, i, :] = exp(S - m) / l, recomputing S tile by tile; keys never visible get 0.
     static void write_weights(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head,
-                              int64_t key_end, const ItemScratch &w) {
+                              int64_t key_end, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group();
         auto weight_row = [&](int64_t r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
@@ -212,7 +247,7 @@ struct FusedAttention {
         };
         for (int64_t j0 = 0; j0 < key_end; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, key_end - j0);
-            scores(s, k, it, M, rows_per_head, j0, n, w);
+            scores(s, k, it, M, rows_per_head, j0, n, w, kv);
             for (int64_t r = 0; r < M; ++r) {
                 float *dst = weight_row(r) + j0;
                 if (w.l[r] == 0.0f || std::isnan(w.l[r])) {

@@ -19,6 +19,7 @@ struct Shape {
     float *weights;             // NULL or [batch, heads, q_len, kv_len]
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
     int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
+    bool cache_kv = false;      // items are strips that keep every packed K/V tile (see the scheduler)
     int64_t group() const { return heads / kv_heads; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {
@@ -29,7 +30,8 @@ struct Shape {
     }
 };
 
-// One work item: query rows [i0, i1) of every head that shares KV head g, in batch b.
+// One work item: query rows [i0, i1) of every head that shares KV head g, in batch b; one query
+// block, or (with Shape::cache_kv) a strip of them.
 struct Item {
     int64_t b, g, i0, i1;
 };

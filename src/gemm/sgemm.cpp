@@ -132,7 +132,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
             if (ir0 >= ir1 || jr0 >= jr1) return;
             const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
             uk.macro_sup(SupArgs{rows, nc, k, jr0, jr1, a.at(i0, 0), a.rs, a.cs, b_direct ? b.at(0, jc) : nullptr,
-                                 b.rs, bp, c.p + i0 * c.ld + jc, c.ld, c.alpha, c.beta});
+                                 b.rs, bp, k, c.p + i0 * c.ld + jc, c.ld, c.alpha, c.beta});
         });
     }
 }

@@ -12,7 +12,8 @@ namespace mha::gemm {
 
 // The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
 // panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
-// else from the packed panels bp. The panel cut by the column edge always comes packed (in bp).
+// else from the packed panels bp, each bp_depth (>= k) deep. The panel cut by the column edge
+// always comes packed (in bp).
 struct SupArgs {
     int64_t mc, nc, k, jr0, jr1;
     const float *a;
@@ -20,6 +21,7 @@ struct SupArgs {
     const float *b;
     int64_t rs_b;
     const float *bp;
+    int64_t bp_depth;
     float *c;
     int64_t ldc;
     float alpha, beta;

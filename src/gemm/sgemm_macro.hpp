@@ -77,7 +77,7 @@ void sgemm_macro_sup(const SupArgs &s) {
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct, ld,
                                                                       s.alpha, beta);
                 else
-                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.k, NR, ct,
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.bp_depth, NR, ct,
                                                                      ld, s.alpha, beta);
             }, mr, nr, s.c + i * s.ldc + j, s.ldc, s.beta);
         }
