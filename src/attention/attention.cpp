@@ -102,7 +102,9 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     // otherwise an item is one query block. Each row is computed the same way in both.
     const int64_t T = st.num_threads, bk = s.block_k;
     const int64_t cache_bytes = (s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
-    s.cache_kv = s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
+    // (A strip of one query block, as in decode, has nothing to reuse: packing into one small
+    // buffer then keeps the tiles in cache.)
+    s.cache_kv = s.q_len > s.block_q && s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
     const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;
