@@ -80,6 +80,32 @@ Data make(const Case &c, uint32_t seed) {
     return d;
 }
 
+// Output and weights of one run.
+struct Result {
+    std::vector<float> out, w;
+};
+
+Result run(Runtime &rt, const Case &c, Data &d) {
+    Result r{std::vector<float>(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv)),
+             std::vector<float>(static_cast<size_t>(c.B * c.H * c.Lq * c.Lk))};
+    d.p.weights = r.w.data();
+    attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), r.out.data());
+    d.p.weights = nullptr;
+    return r;
+}
+
+// The same problem on 1 and 2 threads of these options must give the same bits.
+Result check_same_bits_1_2_threads(const Case &c, Data &d, RuntimeOptions o) {
+    o.num_threads = 1;
+    Runtime r1(o);
+    o.num_threads = 2;
+    Runtime r2(o);
+    const Result a = run(r1, c, d), b = run(r2, c, d);
+    CHECK(test::same_bits(a.out, b.out));
+    CHECK(test::same_bits(a.w, b.w));
+    return a;
+}
+
 void check(const Case &c, const RuntimeOptions &o) {
     Runtime rt(o);
     Data d = make(c, 11);
@@ -137,21 +163,11 @@ TEST_CASE("decode split over threads: keys in chunks on different threads, same 
     // One KV head, one query: a single work item, so two threads split its key chunks.
     const Case c{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true};
     Data d = make(c, 21);
-    for (const auto &o1 : runtimes(1)) {
-        RuntimeOptions o2 = o1;
-        o2.num_threads = 2;
-        Runtime r1(o1), r2(o2);
-        std::vector<float> out1(static_cast<size_t>(c.H * c.Dv)), out2(out1.size()), w1(static_cast<size_t>(c.H * c.Lk)),
-            w2(w1.size());
-        d.p.weights = w1.data();
-        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), out1.data());
-        d.p.weights = w2.data();
-        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), out2.data());
-        CHECK(test::same_bits(out1, out2));
-        CHECK(test::same_bits(w1, w2));
+    for (const auto &o : runtimes(1)) {
+        const Result r = check_same_bits_1_2_threads(c, d, o);
         std::vector<double> want;
         ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
-        for (size_t i = 0; i < out2.size(); ++i) CHECK(std::fabs(out2[i] - want[i]) <= 5e-5);
+        for (size_t i = 0; i < r.out.size(); ++i) CHECK(std::fabs(r.out[i] - want[i]) <= 5e-5);
     }
 }
 
@@ -233,14 +249,8 @@ TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a ba
     Data d = make(c, 5);
     const size_t n_out = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), n_w = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
     for (Isa isa : supported_isas()) {
-        std::vector<float> o1(n_out), o2(n_out), w1(n_w), w2(n_w);
-        Runtime r1(RuntimeOptions{1, isa, {}}), r2(RuntimeOptions{2, isa, {}});
-        d.p.weights = w1.data();
-        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), o1.data());
-        d.p.weights = w2.data();
-        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), o2.data());
-        CHECK(test::same_bits(o1, o2));
-        CHECK(test::same_bits(w1, w2));
+        const Result all = check_same_bits_1_2_threads(c, d, RuntimeOptions{1, isa, {}});
+        Runtime r2(RuntimeOptions{2, isa, {}});
         // Batch element 2 alone.
         AttentionParams one = d.p;
         one.batch = 1;
@@ -251,8 +261,8 @@ TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a ba
         const size_t qoff = 2 * static_cast<size_t>(c.Lq * c.H * c.D), koff = 2 * static_cast<size_t>(c.Lk * c.Hkv * c.D);
         attention(r2, one, d.q.data() + qoff, d.k.data() + koff, d.v.data() + 2 * static_cast<size_t>(c.Lk * c.Hkv * c.Dv),
                   alone.data());
-        CHECK(std::equal(alone.begin(), alone.end(), o1.begin() + 2 * static_cast<long>(n_out / 3)));
-        CHECK(std::equal(walone.begin(), walone.end(), w1.begin() + 2 * static_cast<long>(n_w / 3)));
+        CHECK(std::equal(alone.begin(), alone.end(), all.out.begin() + 2 * static_cast<long>(n_out / 3)));
+        CHECK(std::equal(walone.begin(), walone.end(), all.w.begin() + 2 * static_cast<long>(n_w / 3)));
     }
 }
 
@@ -260,19 +270,7 @@ TEST_CASE("strips with cached K/V tiles (1 thread) give the same bits as single 
     // B * Hkv = 2: one thread runs whole (batch, KV head) strips, two threads run query blocks.
     const Case c{"strips", 1, 300, 333, 4, 2, 32, 24, true, 1, 2, true};
     Data d = make(c, 31);
-    for (auto o1 : runtimes(1)) {
-        RuntimeOptions o2 = o1;
-        o2.num_threads = 2;
-        Runtime r1(o1), r2(o2);
-        const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), nw = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
-        std::vector<float> a(n), b(n), wa(nw), wb(nw);
-        d.p.weights = wa.data();
-        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), a.data());
-        d.p.weights = wb.data();
-        attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), b.data());
-        CHECK(test::same_bits(a, b));
-        CHECK(test::same_bits(wa, wb));
-    }
+    for (const auto &o : runtimes(1)) check_same_bits_1_2_threads(c, d, o);
 }
 
 TEST_CASE("8 host threads share one runtime") {
