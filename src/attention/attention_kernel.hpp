@@ -110,11 +110,28 @@ struct FusedAttention {
         }
     };
 
+    // How many keys of the tile [j0, j0 + n) any row of the register panel starting at row r0 may
+    // see. Past it a panel's scores are never computed and its P is zero, so the products skip
+    // it: on causal diagonals that is most of the triangle.
+    static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t M, int64_t r0, int64_t j0,
+                              int64_t n) {
+        int64_t lim = 0;
+        for (int64_t r = r0; r < std::min(M, r0 + MR); ++r)
+            lim = std::max(lim, s.key_limit(it.b, it.i0 + r % rows_per_head) - j0);
+        return std::min(lim, n);
+    }
+
     // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked.
     static void scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0,
                        int64_t n, const ItemScratch &w, KVTiles &kv) {
         const float *kp = kv.k(s, k, it, j0, n, w);
-        gemm::sgemm_macro_packed<Arch, MR, NV>(M, n, s.head_dim, w.q_packed, kp, w.s, s.block_k, 1.0f, 0.0f);
+        for (int64_t r0 = 0; r0 < M; r0 += MR) {
+            const int64_t cols = panel_keys(s, it, rows_per_head, M, r0, j0, n);
+            if (cols > 0)
+                gemm::sgemm_macro_packed<Arch, MR, NV>(std::min<int64_t>(MR, M - r0), cols, s.head_dim,
+                                                       w.q_packed + r0 * s.head_dim, kp, w.s + r0 * s.block_k,
+                                                       s.block_k, 1.0f, 0.0f);
+        }
         for (int64_t r = 0; r < M; ++r)
             apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
     }
@@ -153,8 +170,14 @@ struct FusedAttention {
             scores(s, k, it, M, rows_per_head, j0, n, w, kv);
             Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
-            gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{M, Dv, n, 0, (Dv + NR - 1) / NR, w.s, s.block_k, 1,
-                                                              nullptr, 0, vp, v_depth, acc, Dv, 1.0f, 1.0f});
+            for (int64_t r0 = 0; r0 < M; r0 += MR) {
+                const int64_t cols = panel_keys(s, it, rows_per_head, M, r0, j0, n);
+                if (cols > 0)
+                    gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{std::min<int64_t>(MR, M - r0), Dv, cols, 0,
+                                                                      (Dv + NR - 1) / NR, w.s + r0 * s.block_k,
+                                                                      s.block_k, 1, nullptr, 0, vp, v_depth,
+                                                                      acc + r0 * Dv, Dv, 1.0f, 1.0f});
+            }
         }
     }
 
