@@ -180,6 +180,7 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
     const Output C{c, ldc, alpha, beta};
+    // The small-problem path does not block K: past 8192 its k x NC block of B would outgrow L2.
     const bool sup = (n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k) && k <= 8192;
     s.arena.execute([&] { sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C); });
 }
