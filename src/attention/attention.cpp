@@ -159,8 +159,7 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     int64_t state_floats = 0;
     for (size_t n = 0; n < items.size(); ++n) {
         const Item &it = items[order[n]];
-        int64_t end = 0;
-        for (int64_t i = it.i0; i < it.i1; ++i) end = std::max(end, s.key_limit(it.b, i));
+        const int64_t end = s.key_end(it.b, it.i0, it.i1);
         const int64_t per_state = s.group() * (it.i1 - it.i0) * (2 + s.value_dim);
         chunks[n] = (end + s.kv_chunk - 1) / s.kv_chunk;
         first_state[n] = state_floats;

@@ -150,10 +150,13 @@ struct FusedAttention {
 
     // Keys [0, key_end) are all that any row of the item can see: past the valid length, or
     // (causal) past the last row's diagonal, whole tiles are skipped.
-    static int64_t key_end(const Shape &s, const Item &it) {
-        int64_t e = 0;
-        for (int64_t i = it.i0; i < it.i1; ++i) e = std::max(e, s.key_limit(it.b, i));
-        return e;
+    static int64_t key_end(const Shape &s, const Item &it) { return s.key_end(it.b, it.i0, it.i1); }
+
+    // An empty softmax state: m = -inf, l = 0, acc = 0.
+    static void start(int64_t M, int64_t Dv, float *m, float *l, float *acc) {
+        std::fill(m, m + M, kNegInf);
+        std::fill(l, l + M, 0.0f);
+        std::fill(acc, acc + M * Dv, 0.0f);
     }
 
     // The online softmax over keys [c0, c1) from a fresh state (m = -inf, l = 0, acc = 0). Q must
@@ -162,9 +165,7 @@ struct FusedAttention {
     static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = s.group() * rows_per_head;
-        std::fill(m, m + M, kNegInf);
-        std::fill(l, l + M, 0.0f);
-        std::fill(acc, acc + M * Dv, 0.0f);
+        start(M, Dv, m, l, acc);
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
             scores(s, k, it, M, rows_per_head, j0, n, w, kv);
@@ -209,11 +210,7 @@ struct FusedAttention {
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }
 
-    static void start(int64_t M, int64_t Dv, const ItemScratch &w) {
-        std::fill(w.m, w.m + M, kNegInf);
-        std::fill(w.l, w.l + M, 0.0f);
-        std::fill(w.acc, w.acc + M * Dv, 0.0f);
-    }
+
 
     // The whole item on one thread, query block by query block: the key chunks in order, each
     // merged as it completes.
@@ -226,7 +223,7 @@ struct FusedAttention {
             const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q)};
             const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it);
             pack_q(s, q, it, w);
-            start(M, s.value_dim, w);
+            start(M, s.value_dim, w.m, w.l, w.acc);
             for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
                 chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, kv, w.cm, w.cl, w.cacc);
                 merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
@@ -250,7 +247,7 @@ struct FusedAttention {
                           int64_t chunks, const float *states, float *scratch) {
         const ItemScratch w(s, MR, NR, scratch);
         const int64_t M = s.group() * (it.i1 - it.i0), Dv = s.value_dim, per = M * (2 + Dv);
-        start(M, Dv, w);
+        start(M, Dv, w.m, w.l, w.acc);
         for (int64_t c = 0; c < chunks; ++c) {
             const float *st = states + c * per;
             merge(M, Dv, w.m, w.l, w.acc, st, st + M, st + 2 * M);

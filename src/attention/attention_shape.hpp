@@ -1,6 +1,7 @@
 // What a fused-attention work item needs to know, shared by the scheduler and the per-ISA kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -27,6 +28,12 @@ struct Shape {
         if (valid_lens && valid_lens[b] < lim) lim = valid_lens[b];
         if (causal && i + kv_len - q_len + 1 < lim) lim = i + kv_len - q_len + 1;
         return lim < 0 ? 0 : lim;
+    }
+    // Keys [0, end) are all that queries [i0, i1) of batch b can see between them.
+    int64_t key_end(int64_t b, int64_t i0, int64_t i1) const {
+        int64_t end = 0;
+        for (int64_t i = i0; i < i1; ++i) end = std::max(end, key_limit(b, i));
+        return end;
     }
 };
 

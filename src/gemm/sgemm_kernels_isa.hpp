@@ -1,7 +1,5 @@
 // Expands kernel_list.inc into the table of one ISA. Included once by each kernels_<isa>.cpp after
 // it defines MHA_ISA_TAG (avx2 or avx512) and MHA_ISA_ARCH (the xsimd architecture).
-#include <array>
-
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/sgemm_macro.hpp"
 
