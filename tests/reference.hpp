@@ -66,8 +66,9 @@ struct AttentionCase {
     int64_t mbs = 0, mrs = 0;
 };
 
-inline void attention(const AttentionCase &c, const float *q, const float *k, const float *v, std::vector<double> &out,
-                      std::vector<double> *weights = nullptr) {
+template <class T>  // float inputs, or double (the projections of the reference layer)
+void attention(const AttentionCase &c, const T *q, const T *k, const T *v, std::vector<double> &out,
+               std::vector<double> *weights = nullptr) {
     out.assign(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), 0.0);
     if (weights) weights->assign(static_cast<size_t>(c.B * c.H * c.Lq * c.Lk), 0.0);
     const int64_t G = c.H / c.Hkv;

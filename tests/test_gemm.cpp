@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "gemm/prepacked.hpp"
 #include "gemm/sgemm_kernels.hpp"
 #include "mha/gemm.hpp"
 #include "reference.hpp"
@@ -139,6 +140,64 @@ TEST_CASE("edge tiles: m, n, k at 1, below, at and above MR, NR, MC, KC, NC, on 
                 }
         }
     }
+}
+
+TEST_CASE("weights packed once, with the bias epilogue: every kernel, edge tiles, column offsets, odd lds") {
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
+            const int64_t MR = uk->mr, NR = uk->nr;
+            for (int64_t k : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{40}})
+                for (int64_t n_total : {int64_t{1}, NR - 1, NR, 2 * NR + 3})
+                    for (int64_t m : {int64_t{1}, MR - 1, MR, MR + 1, 3 * MR + 2}) {
+                        // W [n_total, k] as nn.Linear stores it; B = W^T.
+                        const auto w = test::random_floats(static_cast<size_t>(n_total * k), 3);
+                        const auto bias = test::random_floats(static_cast<size_t>(n_total), 4);
+                        const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n_total, w.data(), 1, k);
+                        const int64_t lda = k + 3;
+                        const auto a = test::random_floats(static_cast<size_t>(m * lda), 5);
+                        // Every column offset that starts a panel, and every width to the end.
+                        for (int64_t j0 = 0; j0 < n_total; j0 += NR)
+                            for (bool with_bias : {false, true}) {
+                                const int64_t n = n_total - j0, ldc = n + 5;
+                                std::vector<float> c(static_cast<size_t>(m * ldc), kSentinel);
+                                gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, j0,
+                                                      with_bias ? bias.data() + j0 : nullptr, c.data(), ldc);
+                                int64_t bad = 0;
+                                for (int64_t i = 0; i < m; ++i)
+                                    for (int64_t j = 0; j < ldc; ++j) {
+                                        const float got = c[static_cast<size_t>(i * ldc + j)];
+                                        if (j >= n) {
+                                            bad += got != kSentinel;
+                                            continue;
+                                        }
+                                        double want = with_bias ? bias[static_cast<size_t>(j0 + j)] : 0.0, mag = std::fabs(want);
+                                        for (int64_t p = 0; p < k; ++p) {
+                                            const double t = static_cast<double>(a[static_cast<size_t>(i * lda + p)]) *
+                                                             w[static_cast<size_t>((j0 + j) * k + p)];
+                                            want += t;
+                                            mag += std::fabs(t);
+                                        }
+                                        bad += !(std::fabs(got - want) <= 2.0 * 1.2e-7 * static_cast<double>(k + 2) * mag);
+                                    }
+                                CHECK_MESSAGE(bad == 0, "m=", m, " n=", n, " k=", k, " j0=", j0, " bias=", with_bias);
+                            }
+                    }
+        }
+    }
+}
+
+TEST_CASE("weights packed for one kernel or KC are refused by a runtime with another") {
+    const auto *uk = host_kernels().front();
+    Runtime small(small_tiles(*uk)), normal(default_tiles(*uk));
+    const auto w = test::random_floats(64 * 40, 1), a = test::random_floats(4 * 40, 2);
+    const gemm::PackedB pb = gemm::pack_b(small.state(), 40, 64, w.data(), 1, 40);
+    std::vector<float> c(4 * 64, kSentinel);
+    CHECK_THROWS_WITH_AS(gemm::sgemm_prepacked(normal.state(), 4, 64, a.data(), 40, pb, 0, nullptr, c.data(), 64),
+                         doctest::Contains("packed for"), Error);
+    for (float x : c) REQUIRE(x == kSentinel);
 }
 
 TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN") {

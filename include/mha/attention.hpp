@@ -18,10 +18,15 @@ struct AttentionParams {
     const uint8_t *mask = nullptr;            // NULL or mask[b*batch_stride + i*row_stride + j]; 0 = masked
     int64_t mask_batch_stride = 0, mask_row_stride = 0;  // 0 broadcasts
     float *weights = nullptr;                 // NULL, or out: probabilities [batch, num_heads, q_len, kv_len]
+    // Floats from one token's row to the next in q, k, v and out; 0 means dense (num_heads * head_dim
+    // for q, and so on). Larger strides read the heads out of a wider row, such as the fused QKV
+    // projection's [tokens, q | k | v] output, without copies.
+    int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;
 };
 
 // q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],
-// v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim].
+// v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim] (each token's
+// row may be wider: see the strides).
 // All masks combine (a key must pass every one). A query row with no visible key gets zeros (and
 // zero weights). The result is bitwise identical for any thread count and for a sequence alone or
 // inside a batch. Throws mha::Error on bad arguments, before writing anything.

@@ -72,6 +72,62 @@ typedef struct mha_attention_params {
 mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,
                          const float *q, const float *k, const float *v, float *out);
 
+/* ---- The multi-head attention layer ----------------------------------------------------------
+ * Built once from a checkpoint's weights, then called for every request:
+ *   Q = query Wq^T + bq, K = key Wk^T + bk, V = value Wv^T + bv  (PyTorch's nn.Linear layout)
+ *   O = mha_attention(Q, K, V), out = O Wo^T + bo.
+ * The weights are copied and packed for the runtime's GEMM microkernel when the layer is built; the
+ * caller's buffers may be freed afterwards. A layer may be used from many threads at once. */
+typedef struct mha_layer mha_layer;
+
+typedef struct mha_layer_config {
+    int64_t embed_dim;                /* E: the width of query and out */
+    int64_t num_heads;                /* H */
+    int64_t num_kv_heads;             /* 0 = num_heads; num_heads must be a multiple of it */
+    int64_t head_dim, value_dim;      /* per head; 0 = embed_dim / num_heads */
+    int64_t kdim, vdim;               /* widths of key and value; 0 = embed_dim */
+} mha_layer_config;
+
+typedef struct mha_layer_weights {
+    const float *q_weight;            /* [num_heads * head_dim, embed_dim] */
+    const float *k_weight;            /* [num_kv_heads * head_dim, kdim] */
+    const float *v_weight;            /* [num_kv_heads * value_dim, vdim] */
+    const float *out_weight;          /* [embed_dim, num_heads * value_dim] */
+    const float *q_bias, *k_bias, *v_bias, *out_bias;   /* NULL = no bias */
+} mha_layer_weights;
+
+/* Fills *out with pointers into PyTorch's packed in_proj_weight [3E, E] and in_proj_bias [3E]
+ * (NULL = no bias), plus the out_proj weight [E, E] and bias [E] (NULL = no bias). Valid only for
+ * kdim = vdim = E, num_kv_heads = num_heads, head_dim = value_dim = E / num_heads. */
+mha_status mha_layer_weights_from_in_proj(const mha_layer_config *config, const float *in_proj_weight,
+                                          const float *in_proj_bias, const float *out_proj_weight,
+                                          const float *out_proj_bias, mha_layer_weights *out);
+
+/* Packs the weights for rt's ISA and tile config. Bad input (a dimension <= 0 that must be
+ * positive, num_heads not a multiple of num_kv_heads, NULL weights, overflowing sizes) gets
+ * MHA_INVALID_ARGUMENT with a message naming the field. */
+mha_status mha_layer_create(mha_runtime *rt, const mha_layer_config *config, const mha_layer_weights *weights,
+                            mha_layer **out);
+void mha_layer_destroy(mha_layer *layer); /* NULL is fine */
+
+typedef struct mha_layer_forward_params {
+    int64_t batch, q_len, kv_len;     /* kv_len: 0 or q_len for self-attention */
+    int causal;                       /* as in mha_attention_params */
+    const int32_t *kv_valid_lens;     /* NULL or [batch], each in [0, kv_len] */
+    const uint8_t *mask;              /* NULL or mask[b*mask_batch_stride + i*mask_row_stride + j];
+                                         nonzero = may attend, 0 = masked */
+    int64_t mask_batch_stride, mask_row_stride;   /* 0 broadcasts */
+    float *weights;                   /* NULL, or out: per-head probabilities [batch, num_heads, q_len, kv_len] */
+} mha_layer_forward_params;
+
+/* query [batch, q_len, E], key [batch, kv_len, kdim], value [batch, kv_len, vdim] ->
+ * out [batch, q_len, E]. key = value = NULL (or both == query) is self-attention. rt must have the
+ * ISA and tile config the layer was built with (any thread count). The result is bitwise identical
+ * for any thread count and for a sequence alone or inside a batch. A query row with no visible key
+ * gets zeros from the attention (so out = bo there), where PyTorch gives NaN. */
+mha_status mha_layer_forward(mha_runtime *rt, const mha_layer *layer, const mha_layer_forward_params *p,
+                             const float *query, const float *key, const float *value, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,10 +57,23 @@ void attention_validate(const AttentionParams &p, const float *q, const float *k
         invalid_argument("num_heads = " + std::to_string(p.num_heads) + " is not a multiple of num_kv_heads = " +
                          std::to_string(p.num_kv_heads));
     if (!std::isfinite(p.scale)) invalid_argument("scale must be finite");
-    const int64_t nq = checked_product({p.batch, p.q_len, p.num_heads, p.head_dim}, "q");
-    const int64_t nk = checked_product({p.batch, p.kv_len, p.num_kv_heads, p.head_dim}, "k");
-    const int64_t nv = checked_product({p.batch, p.kv_len, p.num_kv_heads, p.value_dim}, "v");
-    const int64_t no = checked_product({p.batch, p.q_len, p.num_heads, p.value_dim}, "out");
+    // Each tensor is tokens rows of `width` floats, `stride` apart (0 = width).
+    auto extent = [](const char *name, const char *stride_name, int64_t tokens, int64_t width, int64_t stride) {
+        check_size(stride_name, stride);
+        if (stride != 0 && stride < width)
+            invalid_argument(std::string(stride_name) + " = " + std::to_string(stride) + " is too small: it must be 0 (dense) or >= " +
+                             std::to_string(width));
+        const int64_t rows = checked_product({tokens, stride ? stride : width}, name);
+        return tokens == 0 || width == 0 ? 0 : rows;
+    };
+    const int64_t nq = extent("q", "q_stride", checked_product({p.batch, p.q_len}, "q"),
+                              checked_product({p.num_heads, p.head_dim}, "q"), p.q_stride);
+    const int64_t nk = extent("k", "k_stride", checked_product({p.batch, p.kv_len}, "k"),
+                              checked_product({p.num_kv_heads, p.head_dim}, "k"), p.k_stride);
+    const int64_t nv = extent("v", "v_stride", checked_product({p.batch, p.kv_len}, "v"),
+                              checked_product({p.num_kv_heads, p.value_dim}, "v"), p.v_stride);
+    const int64_t no = extent("out", "out_stride", checked_product({p.batch, p.q_len}, "out"),
+                              checked_product({p.num_heads, p.value_dim}, "out"), p.out_stride);
     checked_product({p.batch, p.num_heads, p.q_len, p.kv_len}, "weights");
     if (nq && !q) invalid_argument("q is NULL");
     if (nk && !k) invalid_argument("k is NULL");
@@ -95,6 +108,10 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
             p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim)), p.causal, p.kv_valid_lens,
             p.mask, p.mask_batch_stride, p.mask_row_stride, p.weights,
             std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k, st.tiles.attn_kv_chunk};
+    s.ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim;
+    s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
+    s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
+    s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
 
     // Work items, costliest first (rows x keys they can see), so the threads finish together. With
     // at least two (batch, KV head) strips per thread, an item is a whole strip, which packs each K

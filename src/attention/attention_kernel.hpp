@@ -90,8 +90,8 @@ struct FusedAttention {
             const int64_t D = s.head_dim, t = j0 / s.block_k;
             float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
             if (!s.cache_kv || t >= k_ready) {
-                gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * D,
-                                            s.kv_heads * D, 1, dst);
+                gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + (it.b * s.kv_len + j0) * s.ldk + it.g * D,
+                                            s.ldk, 1, dst);
                 k_ready = t + 1;
             }
             return dst;
@@ -102,8 +102,8 @@ struct FusedAttention {
             const int64_t Dv = s.value_dim, t = j0 / s.block_k, depth = width(s, j0, n);
             float *dst = w.v_packed + (s.cache_kv ? t * s.block_k * round_up_to(Dv, NR) : 0);
             if (!s.cache_kv || t >= v_ready) {
-                gemm::pack_panels<Arch, NR>(Dv, depth, v + ((it.b * s.kv_len + j0) * s.kv_heads + it.g) * Dv, 1,
-                                            s.kv_heads * Dv, dst);
+                gemm::pack_panels<Arch, NR>(Dv, depth, v + (it.b * s.kv_len + j0) * s.ldv + it.g * Dv, 1,
+                                            s.ldv, dst);
                 v_ready = t + 1;
             }
             return {dst, depth};
@@ -141,7 +141,7 @@ struct FusedAttention {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         for (int64_t hh = 0; hh < G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
-                const float *src = q + ((it.b * s.q_len + i) * s.heads + it.g * G + hh) * D;
+                const float *src = q + (it.b * s.q_len + i) * s.ldq + (it.g * G + hh) * D;
                 float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
@@ -204,7 +204,7 @@ struct FusedAttention {
         Rows::online_finish(M, w.l, w.acc, Dv, Dv);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            std::memcpy(out + ((it.b * s.q_len + i) * s.heads + it.g * G + hh) * Dv, w.acc + r * Dv,
+            std::memcpy(out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv, w.acc + r * Dv,
                         static_cast<size_t>(Dv) * sizeof(float));
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);

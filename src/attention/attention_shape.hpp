@@ -21,6 +21,7 @@ struct Shape {
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
     int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
     bool cache_kv = false;      // items are strips that keep every packed K/V tile (see the scheduler)
+    int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
     int64_t group() const { return heads / kv_heads; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {

@@ -21,17 +21,18 @@ void attention_unfused(Runtime &rt, const AttentionParams &p, const float *q, co
     const int64_t Lq = p.q_len, Lk = p.kv_len, H = p.num_heads, Hkv = p.num_kv_heads, D = p.head_dim,
                   Dv = p.value_dim, G = H / Hkv;
     const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(D));
+    const int64_t ldq = p.q_stride ? p.q_stride : H * D, ldk = p.k_stride ? p.k_stride : Hkv * D,
+                  ldv = p.v_stride ? p.v_stride : Hkv * Dv, ldo = p.out_stride ? p.out_stride : H * Dv;
     std::vector<float> s(static_cast<size_t>(Lq * std::max<int64_t>(Lk, 1)));
     for (int64_t b = 0; b < p.batch; ++b)
         for (int64_t h = 0; h < H; ++h) {
             const int64_t g = h / G;
-            float *o = out + (b * Lq * H + h) * Dv;
+            float *o = out + b * Lq * ldo + h * Dv;
             if (Lk == 0) {
-                for (int64_t i = 0; i < Lq; ++i) std::fill(o + i * H * Dv, o + i * H * Dv + Dv, 0.0f);
+                for (int64_t i = 0; i < Lq; ++i) std::fill(o + i * ldo, o + i * ldo + Dv, 0.0f);
                 continue;
             }
-            sgemm(rt, Trans::N, Trans::T, Lq, Lk, D, scale, q + (b * Lq * H + h) * D, H * D, k + (b * Lk * Hkv + g) * D,
-                  Hkv * D, 0.0f, s.data(), Lk);
+            sgemm(rt, Trans::N, Trans::T, Lq, Lk, D, scale, q + b * Lq * ldq + h * D, ldq, k + b * Lk * ldk + g * D, ldk, 0.0f, s.data(), Lk);
             for (int64_t i = 0; i < Lq; ++i) {
                 float *row = s.data() + i * Lk;
                 int64_t lim = Lk;
@@ -45,8 +46,7 @@ void attention_unfused(Runtime &rt, const AttentionParams &p, const float *q, co
             }
             softmax(rt, Lq, Lk, s.data(), Lk, s.data(), Lk);
             if (p.weights) std::copy(s.begin(), s.begin() + Lq * Lk, p.weights + (b * H + h) * Lq * Lk);
-            sgemm(rt, Trans::N, Trans::N, Lq, Dv, Lk, 1.0f, s.data(), Lk, v + (b * Lk * Hkv + g) * Dv, Hkv * Dv, 0.0f, o,
-                  H * Dv);
+            sgemm(rt, Trans::N, Trans::N, Lq, Dv, Lk, 1.0f, s.data(), Lk, v + b * Lk * ldv + g * Dv, ldv, 0.0f, o, ldo);
         }
 }
 

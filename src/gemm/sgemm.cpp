@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "gemm/prepacked.hpp"
 #include "runtime/validate.hpp"
 #include "mha/gemm.hpp"
 #include "runtime/runtime_state.hpp"
@@ -30,6 +31,13 @@ struct Output {
     float *p;
     int64_t ld;
     float alpha, beta;
+    const float *bias = nullptr;  // NULL, or n values added to every row (alpha == 1)
+};
+
+// Columns [j0, ...) of a B packed ahead of time, read in place of packing B per call.
+struct Prepacked {
+    const PackedB *b = nullptr;
+    int64_t j0 = 0;
 };
 
 // Runs `fn(item)` for item in [0, count) on the arena the caller is in; one task per item.
@@ -57,7 +65,8 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
 // L1) and our B is BLIS's A (vector loads; each thread packs its own block into its L2).
 // Threads split the JC/IC work, never PC, so every element of C sums its products in the same
 // order for any thread count.
-void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
+void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
+                  Prepacked pre = {}) {
     const SgemmKernel &uk = *s.sgemm;
     const int64_t MR = uk.mr, NR = uk.nr, T = s.num_threads;
     const TileConfig &t = s.tiles;
@@ -71,7 +80,7 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     // With fewer B blocks than threads (a narrow C), also split the rows of the A block.
     const int64_t row_split = n_blocks >= T ? 1 : std::min(ceil_div(mc_max, MR), ceil_div(T, n_blocks));
 
-    const int64_t b_size = kc_max * nc;
+    const int64_t b_size = pre.b ? 0 : kc_max * nc;
     auto scratch = s.pool.borrow(static_cast<size_t>(mc_max * kc_max + s.slots * b_size));
     float *ap = scratch.data(), *b_packs = ap + mc_max * kc_max;
     for (int64_t ic = 0; ic < m; ic += t.mc) {                   // JC: MC rows of A
@@ -84,16 +93,21 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + i0 * kc);
             });
             const float beta = pc == 0 ? c.beta : 1.0f;
+            const float *bias = pc == 0 ? c.bias : nullptr;
             parallel_items(n_blocks * row_split, [&](int64_t item) { // IC: NC columns of B; pack B
                 const int64_t jc = item / row_split * nc, ncur = std::min(nc, n - jc);
                 const int64_t ir0 = item % row_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
                 if (ir0 >= ir1) return;
-                float *bp = b_packs + RuntimeState::this_thread_slot() * b_size;
-                uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, bp);
+                const float *bp = pre.b ? pre.b->block(pc, pre.j0 + jc) : nullptr;
+                if (!bp) {
+                    float *own = b_packs + RuntimeState::this_thread_slot() * b_size;
+                    uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own);
+                    bp = own;
+                }
                 const int64_t i0 = ir0 * MR;
                 // JR and IR run inside the ISA's translation unit.
                 uk.macro_packed(std::min(mc, ir1 * MR) - i0, ncur, kc, ap + i0 * kc, bp, c.p + (ic + i0) * c.ld + jc,
-                                c.ld, c.alpha, beta);
+                                c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
             });
         }
     }
@@ -149,6 +163,41 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 }
 
 } // namespace
+
+PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs) {
+    const SgemmKernel &uk = *s.sgemm;
+    PackedB p;
+    p.kernel = uk.name;
+    p.kc = s.tiles.kc;
+    p.k = k;
+    p.n = n;
+    p.nr = uk.nr;
+    p.n_padded = round_up(n, uk.nr);
+    p.data = detail::AlignedBuffer(static_cast<size_t>(std::max<int64_t>(1, k * p.n_padded)));
+    s.arena.execute([&] {
+        for (int64_t pc = 0; pc < k; pc += p.kc) {
+            const int64_t kc = std::min(p.kc, k - pc), panels = p.n_padded / uk.nr;
+            parallel_chunks(panels, s.num_threads, [&](int64_t j0, int64_t j1) {
+                const int64_t col = j0 * uk.nr, cols = std::min(n, j1 * uk.nr) - col;
+                uk.pack_b(cols, kc, b + pc * rs + col * cs, cs, rs, p.data.data() + pc * p.n_padded + col * kc);
+            });
+        }
+    });
+    return p;
+}
+
+void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
+                     const float *bias, float *c, int64_t ldc) {
+    if (b.kernel != s.sgemm->name || b.kc != s.tiles.kc)
+        invalid_argument("the weights were packed for microkernel " + b.kernel + " with kc = " + std::to_string(b.kc) +
+                         ", but this runtime uses " + s.sgemm->name + " with kc = " + std::to_string(s.tiles.kc) +
+                         "; build the layer with a runtime of the same ISA and tile config");
+    if (m == 0 || n == 0) return;
+    s.arena.execute([&] {
+        sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias},
+                     Prepacked{&b, j0});
+    });
+}
 
 void check_sgemm_args(Trans transa, Trans transb, int64_t m, int64_t n, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, const float *c, int64_t ldc) {

@@ -32,9 +32,10 @@ struct SupArgs {
 // A: x = row, sx = rs_a, sp = cs_a. B: x = column, sx = cs_b, sp = rs_b.
 using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out);
 // The JR and IR loops over a packed mc x kc block of A and kc x nc block of B:
-// C[0:mc, 0:nc] = alpha * A * B + beta * C.
+// C[0:mc, 0:nc] = alpha * A * B + beta * C; with a bias (NULL, or nc values; alpha must be 1),
+// C = (A * B + bias) + beta * C.
 using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c,
-                               int64_t ldc, float alpha, float beta);
+                               int64_t ldc, float alpha, float beta, const float *bias);
 using MacroSupFn = void (*)(const SupArgs &args);
 
 struct SgemmKernel {

@@ -15,26 +15,34 @@ namespace {
 // instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
 template <class Arch, int MR, int NV, Layout LB>
 inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                               int64_t rs_b, float *c, int64_t ldc, float alpha, float beta) {
+                               int64_t rs_b, float *c, int64_t ldc, float alpha, float beta,
+                               const float *bias = nullptr) {
     if (mr == MR)
-        return sgemm_ukernel<Arch, MR, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta);
+        return sgemm_ukernel<Arch, MR, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias);
     [&]<int... R>(std::integer_sequence<int, R...>) {
         (void)((mr == R + 1 &&
-                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta), true)) ||
+                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta,
+                                                                    bias),
+                 true)) ||
                ...);
     }(std::make_integer_sequence<int, MR - 1>{});
 }
 
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
-// only its valid columns are merged, so the microkernel never branches on the edge.
+// only its valid columns are merged, so the microkernel never branches on the edge. kernel(c, ldc,
+// beta, bias) computes a whole tile; the bias (NULL, or one per column) of an edge tile is added
+// here, in the order the microkernel adds it, so edge and inner tiles round alike.
 template <int MR, int NR, class Kernel>
-inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float beta) {
-    if (nr == NR) return kernel(c, ldc, beta);
+inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float beta,
+                       const float *bias = nullptr) {
+    if (nr == NR) return kernel(c, ldc, beta, bias);
     alignas(64) float tmp[MR * NR];
-    kernel(tmp, int64_t{NR}, 0.0f);
+    kernel(tmp, int64_t{NR}, 0.0f, nullptr);
     for (int64_t i = 0; i < mr; ++i) {
         float *row = c + i * ldc;
-        const float *t = tmp + i * NR;
+        float *t = tmp + i * NR;
+        if (bias)
+            for (int64_t j = 0; j < nr; ++j) t[j] += bias[j];
         if (beta == 0.0f)
             for (int64_t j = 0; j < nr; ++j) row[j] = t[j];
         else
@@ -44,21 +52,23 @@ inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, i
 
 // The two innermost loops over a packed mc x kc block of A and kc x nc block of B. The A
 // micro-panel (MR x kc) stays in L1 while the B micro-panels stream past it from L2.
+// bias: NULL, or nc values added to every row.
 template <class Arch, int MR, int NV>
 void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
-                        float alpha, float beta) {
+                        float alpha, float beta, const float *bias = nullptr) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
     for (int64_t i = 0; i < mc; i += MR) {                     // JR: MR rows of A
         const float *apanel = ap + i * kc;
         const int64_t mr = mc - i < MR ? mc - i : MR;
         for (int64_t j = 0; j < nc; j += NR) {                 // IR: NR columns of B
             const float *bpanel = bp + j * kc;
-            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b) {
+            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
                 if (mr == MR)
-                    sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
+                    sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b,
+                                                                                bs);
                 else
-                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b);
-            }, mr, nc - j < NR ? nc - j : NR, c + i * ldc + j, ldc, beta);
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b, bs);
+            }, mr, nc - j < NR ? nc - j : NR, c + i * ldc + j, ldc, beta, bias ? bias + j : nullptr);
         }
     }
 }
@@ -72,7 +82,7 @@ void sgemm_macro_sup(const SupArgs &s) {
         const float *a = s.a + i * s.rs_a;
         for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {          // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
-            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta) {
+            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta, const float *) {
                 if (s.b && nr == NR)
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct, ld,
                                                                       s.alpha, beta);

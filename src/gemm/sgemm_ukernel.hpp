@@ -18,13 +18,14 @@ namespace {
 // are read where they lie (the small-problem path).
 enum class Layout { packed, strided };
 
-// C[0:MR, 0:NR] = alpha * A_panel * B_panel + beta * C, with NR = NV vectors.
+// C[0:MR, 0:NR] = alpha * A_panel * B_panel + beta * C, with NR = NV vectors. With a bias (the fused
+// epilogue of a projection; callers pass alpha == 1): C = (A_panel * B_panel + bias[0:NR]) + beta * C.
 //   A(i, p) = a[i * rs_a + p * cs_a]   (packed: rs_a = 1, cs_a = MR)
 //   B(p, j) = b[p * rs_b + j]          (packed: rs_b = NR; columns are always contiguous)
 // beta == 0 never reads C. Register budget: MR * NV accumulators + NV B vectors + 1 broadcast.
 template <class Arch, int MR, int NV, Layout LA, Layout LB>
 void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                   int64_t rs_b, float *c, int64_t ldc, float alpha, float beta) {
+                   int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size);
     constexpr int NR = NV * W;
@@ -63,6 +64,15 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
 
     // alpha == 1 (every call from attention, most from users) skips the scaling; the bits are the
     // same as the general form's (x * 1 and fma(x, 1, y) are exact and single-rounded).
+    if (bias) {
+        V bv[NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) bv[j] = V::load_unaligned(bias + j * W);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) acc[i][j] = acc[i][j] + bv[j];
+    }
     if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i)

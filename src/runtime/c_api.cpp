@@ -5,6 +5,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
+#include "mha/layer.hpp"
 #include "mha/mha.h"
 #include "mha/runtime.hpp"
 #include "mha/softmax.hpp"
@@ -12,6 +13,11 @@
 struct mha_runtime {
     mha::Runtime rt;
     explicit mha_runtime(const mha::RuntimeOptions &o) : rt(o) {}
+};
+
+struct mha_layer {
+    mha::Layer layer;
+    mha_layer(mha::Runtime &rt, const mha::LayerConfig &c, const mha::LayerWeights &w) : layer(rt, c, w) {}
 };
 
 namespace {
@@ -41,6 +47,19 @@ mha_status guarded(Fn &&fn) noexcept {
 mha::Runtime &runtime_of(mha_runtime *rt) {
     if (!rt) mha::invalid_argument("rt is NULL");
     return rt->rt;
+}
+
+mha::LayerConfig layer_config(const mha_layer_config *c) {
+    if (!c) mha::invalid_argument("config is NULL");
+    mha::LayerConfig l;
+    l.embed_dim = c->embed_dim;
+    l.num_heads = c->num_heads;
+    l.num_kv_heads = c->num_kv_heads;
+    l.head_dim = c->head_dim;
+    l.value_dim = c->value_dim;
+    l.kdim = c->kdim;
+    l.vdim = c->vdim;
+    return l;
 }
 
 } // namespace
@@ -96,6 +115,60 @@ mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p, const f
         a.mask_row_stride = p->mask_row_stride;
         a.weights = p->weights;
         mha::attention(r, a, q, k, v, out);
+    });
+}
+
+mha_status mha_layer_weights_from_in_proj(const mha_layer_config *config, const float *in_proj_weight,
+                                          const float *in_proj_bias, const float *out_proj_weight,
+                                          const float *out_proj_bias, mha_layer_weights *out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        const auto w = mha::LayerWeights::from_in_proj(layer_config(config), in_proj_weight, in_proj_bias,
+                                                       out_proj_weight, out_proj_bias);
+        *out = mha_layer_weights{w.q_weight, w.k_weight, w.v_weight, w.out_weight,
+                                 w.q_bias,   w.k_bias,   w.v_bias,   w.out_bias};
+    });
+}
+
+mha_status mha_layer_create(mha_runtime *rt, const mha_layer_config *config, const mha_layer_weights *weights,
+                            mha_layer **out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        *out = nullptr;
+        mha::Runtime &r = runtime_of(rt);
+        if (!weights) mha::invalid_argument("weights is NULL");
+        mha::LayerWeights w;
+        w.q_weight = weights->q_weight;
+        w.k_weight = weights->k_weight;
+        w.v_weight = weights->v_weight;
+        w.out_weight = weights->out_weight;
+        w.q_bias = weights->q_bias;
+        w.k_bias = weights->k_bias;
+        w.v_bias = weights->v_bias;
+        w.out_bias = weights->out_bias;
+        *out = new mha_layer(r, layer_config(config), w);
+    });
+}
+
+void mha_layer_destroy(mha_layer *layer) { delete layer; }
+
+mha_status mha_layer_forward(mha_runtime *rt, const mha_layer *layer, const mha_layer_forward_params *p,
+                             const float *query, const float *key, const float *value, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!layer) mha::invalid_argument("layer is NULL");
+        if (!p) mha::invalid_argument("p is NULL");
+        mha::LayerForward f;
+        f.batch = p->batch;
+        f.q_len = p->q_len;
+        f.kv_len = p->kv_len;
+        f.causal = p->causal != 0;
+        f.kv_valid_lens = p->kv_valid_lens;
+        f.mask = p->mask;
+        f.mask_batch_stride = p->mask_batch_stride;
+        f.mask_row_stride = p->mask_row_stride;
+        f.weights = p->weights;
+        layer->layer.forward(r, f, query, key, value, out);
     });
 }
 

@@ -1,0 +1,88 @@
+// mha::Layer: a multi-head attention layer as a server holds it, built once from a checkpoint's
+// weights (PyTorch's nn.Linear layout, [out_features, in_features]) and called for every request.
+//
+//   Q = query W_q^T + b_q     [B, Lq, H, head_dim]
+//   K = key   W_k^T + b_k     [B, Lk, Hkv, head_dim]
+//   V = value W_v^T + b_v     [B, Lk, Hkv, value_dim]
+//   O = attention(Q, K, V)    (mha::attention, with its masks)
+//   out = O W_o^T + b_o       [B, Lq, embed_dim]
+//
+// The weights are packed for the GEMM microkernel once, when the layer is built. The projections
+// are GEMMs with the bias added in their epilogue; self-attention computes Q, K and V in one GEMM.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "mha/runtime.hpp"
+
+namespace mha {
+
+struct LayerConfig {
+    int64_t embed_dim = 0;     // E: the width of query and out
+    int64_t num_heads = 0;     // H
+    int64_t num_kv_heads = 0;  // Hkv; 0 means H. H must be a multiple of it (GQA, MQA)
+    int64_t head_dim = 0;      // Dqk per head; 0 means E / H (then E must be a multiple of H)
+    int64_t value_dim = 0;     // Dv per head; 0 means E / H
+    int64_t kdim = 0, vdim = 0;  // the widths of key and value (PyTorch's names); 0 means E
+
+    // The same configuration with every 0 replaced by what it means. Throws mha::Error naming the
+    // field if the configuration is not valid.
+    LayerConfig resolved() const;
+};
+
+// Borrowed pointers, read only while the layer is built. A NULL bias means "no bias".
+struct LayerWeights {
+    const float *q_weight = nullptr;    // [H * head_dim, E]
+    const float *k_weight = nullptr;    // [Hkv * head_dim, kdim]
+    const float *v_weight = nullptr;    // [Hkv * value_dim, vdim]
+    const float *out_weight = nullptr;  // [E, H * value_dim]
+    const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *out_bias = nullptr;
+
+    // PyTorch's packed form: in_proj_weight [3E, E] holds W_q, W_k and W_v one after the other, and
+    // in_proj_bias [3E] (or NULL) their biases. Valid when kdim = vdim = E, Hkv = H and
+    // head_dim = value_dim = E / H (the only shapes nn.MultiheadAttention packs); throws otherwise.
+    static LayerWeights from_in_proj(const LayerConfig &config, const float *in_proj_weight,
+                                     const float *in_proj_bias, const float *out_proj_weight,
+                                     const float *out_proj_bias);
+};
+
+// The per-call arguments; the masks mean what they mean in AttentionParams.
+struct LayerForward {
+    int64_t batch = 0, q_len = 0, kv_len = 0;
+    bool causal = false;                      // query i sees key j iff j <= i + kv_len - q_len
+    const int32_t *kv_valid_lens = nullptr;   // NULL or [batch]
+    const uint8_t *mask = nullptr;            // NULL or mask[b*batch_stride + i*row_stride + j]; 0 = masked
+    int64_t mask_batch_stride = 0, mask_row_stride = 0;  // 0 broadcasts
+    float *weights = nullptr;                 // NULL, or out: per-head probabilities [batch, H, q_len, kv_len]
+};
+
+class Layer {
+public:
+    // Validates the configuration and the weights and packs the weights for rt's microkernel and
+    // tiles. Throws mha::Error naming the field on bad input.
+    Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &weights);
+    ~Layer();
+    Layer(const Layer &) = delete;
+    Layer &operator=(const Layer &) = delete;
+
+    // query [batch, q_len, E], key [batch, kv_len, kdim], value [batch, kv_len, vdim] ->
+    // out [batch, q_len, E]. key and value both NULL means self-attention on query (kv_len must
+    // then be 0 or q_len); so does passing query itself as both. rt must use the ISA and tiles the
+    // layer was packed for (any thread count). Many host threads may call one layer at once. The
+    // result is bitwise identical for any thread count and for a sequence alone or in a batch.
+    // Throws mha::Error on bad input, before writing anything.
+    void forward(Runtime &rt, const LayerForward &p, const float *query, const float *key, const float *value,
+                 float *out) const;
+
+    const LayerConfig &config() const;  // resolved
+    // Floating-point operations of one forward call (projections, attention without masks, output).
+    double flops(const LayerForward &p) const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace mha

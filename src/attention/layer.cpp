@@ -1,0 +1,253 @@
+// mha::Layer: validation, the weights packed once, and the forward pass (projections with the bias
+// in the GEMM epilogue, the fused attention on the projections where they lie, the output projection).
+#include "mha/layer.hpp"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gemm/prepacked.hpp"
+#include "mha/attention.hpp"
+#include "runtime/runtime_state.hpp"
+#include "runtime/validate.hpp"
+
+namespace mha {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+int64_t product(std::initializer_list<int64_t> dims, const std::string &what) {
+    int64_t p = 1;
+    for (int64_t d : dims)
+        if (__builtin_mul_overflow(p, d, &p) || p > INT64_MAX / 16) invalid_argument(what + ": the sizes overflow");
+    return p;
+}
+
+void positive(const char *name, int64_t x) {
+    if (x <= 0) invalid_argument(std::string(name) + " = " + std::to_string(x) + " must be positive");
+}
+
+// One projection: columns [j0, j0 + n) of a packed weight matrix, and its bias (NULL if none).
+struct Projection {
+    const gemm::PackedB *packed = nullptr;
+    int64_t j0 = 0, n = 0;
+    const float *bias = nullptr;
+};
+
+} // namespace
+
+struct Layer::Impl {
+    LayerConfig cfg;
+    int64_t nq = 0, nk = 0, nv = 0;  // output widths of the Q, K and V projections
+    // With kdim = vdim = E the three input projections are one matrix, each starting on a panel
+    // boundary (q at 0, k at k_off, v at v_off), so self-attention runs them as one GEMM and
+    // cross-attention runs each on its own columns. Otherwise each has its own matrix.
+    bool fused = false;
+    int64_t k_off = 0, v_off = 0, qkv_width = 0;
+    gemm::PackedB qkv, k_alone, v_alone, out;
+    std::vector<float> qkv_bias, out_bias;
+    Projection q_proj, k_proj, v_proj, out_proj;
+};
+
+LayerConfig LayerConfig::resolved() const {
+    LayerConfig c = *this;
+    positive("embed_dim", c.embed_dim);
+    positive("num_heads", c.num_heads);
+    for (auto [name, v] : {std::pair{"num_kv_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
+                           {"value_dim", c.value_dim}, {"kdim", c.kdim}, {"vdim", c.vdim}})
+        if (v < 0) invalid_argument(std::string(name) + " = " + std::to_string(v) + " must be positive (or 0 for the default)");
+    if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+    if (c.num_heads % c.num_kv_heads != 0)
+        invalid_argument("num_heads = " + std::to_string(c.num_heads) + " is not a multiple of num_kv_heads = " +
+                         std::to_string(c.num_kv_heads));
+    if ((c.head_dim == 0 || c.value_dim == 0) && c.embed_dim % c.num_heads != 0)
+        invalid_argument("embed_dim = " + std::to_string(c.embed_dim) + " is not a multiple of num_heads = " +
+                         std::to_string(c.num_heads) + "; give head_dim and value_dim");
+    if (c.head_dim == 0) c.head_dim = c.embed_dim / c.num_heads;
+    if (c.value_dim == 0) c.value_dim = c.embed_dim / c.num_heads;
+    if (c.kdim == 0) c.kdim = c.embed_dim;
+    if (c.vdim == 0) c.vdim = c.embed_dim;
+    product({c.num_heads, c.head_dim, c.embed_dim}, "q_weight");
+    product({c.num_kv_heads, c.head_dim, c.kdim}, "k_weight");
+    product({c.num_kv_heads, c.value_dim, c.vdim}, "v_weight");
+    product({c.num_heads, c.value_dim, c.embed_dim}, "out_weight");
+    product({c.num_heads + 2 * c.num_kv_heads, std::max(c.head_dim, c.value_dim) + 64, c.embed_dim}, "the fused QKV weights");
+    return c;
+}
+
+LayerWeights LayerWeights::from_in_proj(const LayerConfig &config, const float *in_proj_weight,
+                                        const float *in_proj_bias, const float *out_proj_weight,
+                                        const float *out_proj_bias) {
+    const LayerConfig c = config.resolved();
+    const int64_t E = c.embed_dim;
+    if (c.kdim != E || c.vdim != E || c.num_kv_heads != c.num_heads || c.head_dim * c.num_heads != E ||
+        c.value_dim * c.num_heads != E)
+        invalid_argument("in_proj_weight [3E, E] needs kdim = vdim = embed_dim, num_kv_heads = num_heads and "
+                         "head_dim = value_dim = embed_dim / num_heads; pass q_weight, k_weight and v_weight instead");
+    detail::check_not_null("in_proj_weight", in_proj_weight);
+    LayerWeights w;
+    w.q_weight = in_proj_weight;
+    w.k_weight = in_proj_weight + E * E;
+    w.v_weight = in_proj_weight + 2 * E * E;
+    w.out_weight = out_proj_weight;
+    if (in_proj_bias) {
+        w.q_bias = in_proj_bias;
+        w.k_bias = in_proj_bias + E;
+        w.v_bias = in_proj_bias + 2 * E;
+    }
+    w.out_bias = out_proj_bias;
+    return w;
+}
+
+Layer::Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &w) : impl_(std::make_unique<Impl>()) {
+    Impl &m = *impl_;
+    m.cfg = config.resolved();
+    const LayerConfig &c = m.cfg;
+    detail::check_not_null("q_weight", w.q_weight);
+    detail::check_not_null("k_weight", w.k_weight);
+    detail::check_not_null("v_weight", w.v_weight);
+    detail::check_not_null("out_weight", w.out_weight);
+    auto &st = rt.state();
+    const int64_t NR = st.sgemm->nr, E = c.embed_dim;
+    m.nq = c.num_heads * c.head_dim;
+    m.nk = c.num_kv_heads * c.head_dim;
+    m.nv = c.num_kv_heads * c.value_dim;
+    m.fused = c.kdim == E && c.vdim == E;
+
+    // A weight W [n, in] is B = W^T to the GEMM: element (p, j) = W[j * in + p].
+    auto pack = [&](const float *weight, int64_t n, int64_t in) { return gemm::pack_b(st, in, n, weight, 1, in); };
+    if (m.fused) {
+        m.k_off = round_up(m.nq, NR);
+        m.v_off = m.k_off + round_up(m.nk, NR);
+        m.qkv_width = m.v_off + round_up(m.nv, NR);
+        std::vector<float> stacked(static_cast<size_t>(m.qkv_width * E), 0.0f);  // zero rows between parts
+        std::copy(w.q_weight, w.q_weight + m.nq * E, stacked.begin());
+        std::copy(w.k_weight, w.k_weight + m.nk * E, stacked.begin() + m.k_off * E);
+        std::copy(w.v_weight, w.v_weight + m.nv * E, stacked.begin() + m.v_off * E);
+        m.qkv = pack(stacked.data(), m.qkv_width, E);
+        if (w.q_bias || w.k_bias || w.v_bias) {
+            m.qkv_bias.assign(static_cast<size_t>(m.qkv_width), 0.0f);
+            if (w.q_bias) std::copy(w.q_bias, w.q_bias + m.nq, m.qkv_bias.begin());
+            if (w.k_bias) std::copy(w.k_bias, w.k_bias + m.nk, m.qkv_bias.begin() + m.k_off);
+            if (w.v_bias) std::copy(w.v_bias, w.v_bias + m.nv, m.qkv_bias.begin() + m.v_off);
+        }
+        const float *b = m.qkv_bias.empty() ? nullptr : m.qkv_bias.data();
+        m.q_proj = {&m.qkv, 0, m.nq, w.q_bias ? b : nullptr};
+        m.k_proj = {&m.qkv, m.k_off, m.nk, w.k_bias ? b + m.k_off : nullptr};
+        m.v_proj = {&m.qkv, m.v_off, m.nv, w.v_bias ? b + m.v_off : nullptr};
+    } else {
+        m.qkv = pack(w.q_weight, m.nq, E);
+        m.k_alone = pack(w.k_weight, m.nk, c.kdim);
+        m.v_alone = pack(w.v_weight, m.nv, c.vdim);
+        // One bias vector for the three, each part starting where its projection's columns do.
+        m.qkv_bias.assign(static_cast<size_t>(m.nq + m.nk + m.nv), 0.0f);
+        if (w.q_bias) std::copy(w.q_bias, w.q_bias + m.nq, m.qkv_bias.begin());
+        if (w.k_bias) std::copy(w.k_bias, w.k_bias + m.nk, m.qkv_bias.begin() + m.nq);
+        if (w.v_bias) std::copy(w.v_bias, w.v_bias + m.nv, m.qkv_bias.begin() + m.nq + m.nk);
+        const float *b = m.qkv_bias.data();
+        m.q_proj = {&m.qkv, 0, m.nq, w.q_bias ? b : nullptr};
+        m.k_proj = {&m.k_alone, 0, m.nk, w.k_bias ? b + m.nq : nullptr};
+        m.v_proj = {&m.v_alone, 0, m.nv, w.v_bias ? b + m.nq + m.nk : nullptr};
+    }
+    m.out = pack(w.out_weight, E, c.num_heads * c.value_dim);
+    if (w.out_bias) m.out_bias.assign(w.out_bias, w.out_bias + E);
+    m.out_proj = {&m.out, 0, E, w.out_bias ? m.out_bias.data() : nullptr};
+}
+
+Layer::~Layer() = default;
+
+const LayerConfig &Layer::config() const { return impl_->cfg; }
+
+double Layer::flops(const LayerForward &p) const {
+    const LayerConfig &c = impl_->cfg;
+    const double B = static_cast<double>(p.batch), Lq = static_cast<double>(p.q_len),
+                 Lk = static_cast<double>(p.kv_len);
+    const double proj = 2.0 * B *
+                        (Lq * static_cast<double>(impl_->nq * c.embed_dim) + Lk * static_cast<double>(impl_->nk * c.kdim) +
+                         Lk * static_cast<double>(impl_->nv * c.vdim) +
+                         Lq * static_cast<double>(c.embed_dim * c.num_heads * c.value_dim));
+    const double attn = 2.0 * B * static_cast<double>(c.num_heads) * Lq * Lk * static_cast<double>(c.head_dim + c.value_dim);
+    return proj + attn;
+}
+
+void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, const float *key, const float *value,
+                    float *out) const {
+    const Impl &m = *impl_;
+    const LayerConfig &c = m.cfg;
+    detail::check_size("batch", p.batch);
+    detail::check_size("q_len", p.q_len);
+    detail::check_size("kv_len", p.kv_len);
+    if (!key != !value) invalid_argument(std::string(key ? "value" : "key") + " is NULL but " + (key ? "key" : "value") +
+                                         " is not (pass both, or neither for self-attention)");
+    if (!key) key = value = query;
+    const bool self = key == query && value == query;
+    const int64_t kv_len = self && p.kv_len == 0 ? p.q_len : p.kv_len;
+    if (self && kv_len != p.q_len)
+        invalid_argument("kv_len = " + std::to_string(p.kv_len) + " but self-attention has q_len = " +
+                         std::to_string(p.q_len) + " keys");
+    if (self && (c.kdim != c.embed_dim || c.vdim != c.embed_dim))
+        invalid_argument("self-attention needs kdim = vdim = embed_dim; pass key and value");
+    const int64_t q_tokens = product({p.batch, p.q_len}, "query"), kv_tokens = product({p.batch, kv_len}, "key");
+    const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
+    if (q_tokens) {
+        detail::check_matrix("query", "embed_dim", query, q_tokens, c.embed_dim, c.embed_dim);
+        detail::check_matrix("out", "embed_dim", out, q_tokens, c.embed_dim, c.embed_dim);
+    }
+    if (kv_tokens && !self) {
+        detail::check_matrix("key", "kdim", key, kv_tokens, c.kdim, c.kdim);
+        detail::check_matrix("value", "vdim", value, kv_tokens, c.vdim, c.vdim);
+    }
+
+    // Scratch: the projections (self-attention: one [tokens, q | k | v] matrix; otherwise Q, then
+    // K and V) and the attention's output O, all borrowed before anything is written.
+    auto &st = rt.state();
+    const bool one_gemm = self && m.fused;
+    const int64_t q_ld = one_gemm ? m.qkv_width : round_up(m.nq, 16);
+    const int64_t kv_ld = one_gemm ? m.qkv_width : round_up(m.nk, 16) + round_up(m.nv, 16);
+    const int64_t q_floats = product({q_tokens, q_ld}, "Q"), kv_floats = one_gemm ? 0 : product({kv_tokens, kv_ld}, "K and V"),
+                  o_floats = product({q_tokens, Hq}, "O");
+    AttentionParams ap;
+    ap.batch = p.batch;
+    ap.q_len = p.q_len;
+    ap.kv_len = kv_len;
+    ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    ap.value_dim = c.value_dim;
+    ap.causal = p.causal;
+    ap.kv_valid_lens = p.kv_valid_lens;
+    ap.mask = p.mask;
+    ap.mask_batch_stride = p.mask_batch_stride;
+    ap.mask_row_stride = p.mask_row_stride;
+    ap.weights = p.weights;
+    ap.q_stride = q_ld;
+    ap.k_stride = ap.v_stride = kv_ld;
+    ap.out_stride = Hq;
+    if (q_tokens == 0) return attention_validate(ap, nullptr, nullptr, nullptr, nullptr);
+
+    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + kv_floats + o_floats));
+    float *qs = scratch.data(), *ks = one_gemm ? qs + m.k_off : qs + q_floats, *vs = one_gemm ? qs + m.v_off
+                                                                                            : ks + round_up(m.nk, 16);
+    float *os = qs + q_floats + kv_floats;
+    attention_validate(ap, qs, ks, vs, os);  // the masks and valid lengths, before anything is written
+
+    auto project = [&](const Projection &pr, int64_t n, int64_t tokens, const float *x, int64_t in, float *y,
+                       int64_t ldy) {
+        gemm::sgemm_prepacked(st, tokens, n, x, in, *pr.packed, pr.j0, pr.bias, y, ldy);
+    };
+    if (one_gemm) {
+        // Q, K and V in one GEMM: every column of the fused matrix, the gaps between parts included.
+        project({&m.qkv, 0, m.qkv_width, m.qkv_bias.empty() ? nullptr : m.qkv_bias.data()}, m.v_off + m.nv, q_tokens,
+                query, c.embed_dim, qs, q_ld);
+    } else {
+        project(m.q_proj, m.nq, q_tokens, query, c.embed_dim, qs, q_ld);
+        if (kv_tokens) {
+            project(m.k_proj, m.nk, kv_tokens, key, c.kdim, ks, kv_ld);
+            project(m.v_proj, m.nv, kv_tokens, value, c.vdim, vs, kv_ld);
+        }
+    }
+    attention(rt, ap, qs, ks, vs, os);
+    project(m.out_proj, c.embed_dim, q_tokens, os, Hq, out, c.embed_dim);
+}
+
+} // namespace mha

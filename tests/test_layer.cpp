@@ -1,0 +1,503 @@
+// The multi-head attention layer against a double-precision reference layer, PyTorch's
+// nn.MultiheadAttention (golden files), and itself (threads, batches, concurrency), plus bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/npy.hpp"
+#include "mha/layer.hpp"
+#include "mha/mha.h"
+#include "reference.hpp"
+#include "test_util.hpp"
+
+using namespace mha;
+using test::random_floats;
+
+namespace {
+
+// All the weights of one layer, owned.
+struct Weights {
+    std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
+    LayerWeights view(bool q_bias = true, bool k_bias = true, bool v_bias = true, bool o_bias = true) const {
+        LayerWeights w;
+        w.q_weight = wq.data();
+        w.k_weight = wk.data();
+        w.v_weight = wv.data();
+        w.out_weight = wo.data();
+        w.q_bias = q_bias ? bq.data() : nullptr;
+        w.k_bias = k_bias ? bk.data() : nullptr;
+        w.v_bias = v_bias ? bv.data() : nullptr;
+        w.out_bias = o_bias ? bo.data() : nullptr;
+        return w;
+    }
+};
+
+Weights random_weights(const LayerConfig &c, uint32_t seed) {
+    const LayerConfig r = c.resolved();
+    const int64_t nq = r.num_heads * r.head_dim, nk = r.num_kv_heads * r.head_dim, nv = r.num_kv_heads * r.value_dim;
+    auto w = [&](int64_t out, int64_t in, uint32_t s) {
+        const float a = 1.0f / std::sqrt(static_cast<float>(in));
+        return random_floats(static_cast<size_t>(out * in), seed + s, -a, a);
+    };
+    Weights x;
+    x.wq = w(nq, r.embed_dim, 1);
+    x.wk = w(nk, r.kdim, 2);
+    x.wv = w(nv, r.vdim, 3);
+    x.wo = w(r.embed_dim, r.num_heads * r.value_dim, 4);
+    x.bq = random_floats(static_cast<size_t>(nq), seed + 5, -0.5f, 0.5f);
+    x.bk = random_floats(static_cast<size_t>(nk), seed + 6, -0.5f, 0.5f);
+    x.bv = random_floats(static_cast<size_t>(nv), seed + 7, -0.5f, 0.5f);
+    x.bo = random_floats(static_cast<size_t>(r.embed_dim), seed + 8, -0.5f, 0.5f);
+    return x;
+}
+
+// y[t, o] = sum_i x[t, i] w[o, i] + b[o], in double.
+std::vector<double> project(const float *x, int64_t tokens, int64_t in, const float *w, const float *b, int64_t out) {
+    std::vector<double> y(static_cast<size_t>(tokens * out));
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+            double s = b ? b[o] : 0.0;
+            for (int64_t i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
+            y[static_cast<size_t>(t * out + o)] = s;
+        }
+    return y;
+}
+
+// The layer in double, straight from its definition.
+std::vector<double> reference_layer(const LayerConfig &config, const LayerWeights &w, const LayerForward &p,
+                                    const float *query, const float *key, const float *value,
+                                    std::vector<double> *weights = nullptr) {
+    const LayerConfig c = config.resolved();
+    const int64_t nq = c.num_heads * c.head_dim, nk = c.num_kv_heads * c.head_dim, nv = c.num_kv_heads * c.value_dim;
+    const auto q = project(query, p.batch * p.q_len, c.embed_dim, w.q_weight, w.q_bias, nq);
+    const auto k = project(key, p.batch * p.kv_len, c.kdim, w.k_weight, w.k_bias, nk);
+    const auto v = project(value, p.batch * p.kv_len, c.vdim, w.v_weight, w.v_bias, nv);
+    ref::AttentionCase ac{p.batch, p.q_len, p.kv_len, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim,
+                          1.0 / std::sqrt(static_cast<double>(c.head_dim)), p.causal, p.kv_valid_lens, p.mask,
+                          p.mask_batch_stride, p.mask_row_stride};
+    std::vector<double> o;
+    ref::attention(ac, q.data(), k.data(), v.data(), o, weights);
+    const int64_t tokens = p.batch * p.q_len, in = c.num_heads * c.value_dim;
+    std::vector<double> out(static_cast<size_t>(tokens * c.embed_dim));
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t e = 0; e < c.embed_dim; ++e) {
+            double s = w.out_bias ? w.out_bias[e] : 0.0;
+            for (int64_t i = 0; i < in; ++i) s += o[static_cast<size_t>(t * in + i)] * w.out_weight[e * in + i];
+            out[static_cast<size_t>(t * c.embed_dim + e)] = s;
+        }
+    return out;
+}
+
+template <class A, class B>
+void check_close(const A &got, const B &want, double tol, const char *what) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double err = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])) /
+                           (1.0 + std::abs(static_cast<double>(want[i])));
+        if (!(err <= worst)) {
+            worst = err;
+            at = i;
+        }
+    }
+    INFO(std::string(what) << ": worst error " << worst << " at " << at);
+    CHECK(worst <= tol);
+}
+
+struct Case {
+    const char *name;
+    LayerConfig config;
+    int64_t B, Lq, Lk;
+    bool self = true, causal = false, valid = false;
+    int mask = 0;  // 0 none, 1 [B, 1, Lk] (key padding), 2 [B, Lq, Lk]
+    bool biases = true, weights = false;
+};
+
+void run_case(const Case &cs, Runtime &rt) {
+    CAPTURE(cs.name);
+    const LayerConfig c = cs.config.resolved();
+    const Weights w = random_weights(cs.config, 7);
+    const LayerWeights lw = cs.biases ? w.view() : w.view(false, false, false, false);
+    Layer layer(rt, cs.config, lw);
+    const auto query = random_floats(static_cast<size_t>(cs.B * cs.Lq * c.embed_dim), 11);
+    const auto key = cs.self ? query : random_floats(static_cast<size_t>(cs.B * cs.Lk * c.kdim), 12);
+    const auto value = cs.self ? query : random_floats(static_cast<size_t>(cs.B * cs.Lk * c.vdim), 13);
+    std::vector<int32_t> valid(static_cast<size_t>(cs.B));
+    for (int64_t b = 0; b < cs.B; ++b) valid[static_cast<size_t>(b)] = static_cast<int32_t>(b == 0 ? 0 : cs.Lk - b + 1);
+    std::vector<uint8_t> mask(static_cast<size_t>(cs.B * cs.Lq * cs.Lk));
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = (i * 7 + 3) % 5 != 0;
+    LayerForward p;
+    p.batch = cs.B;
+    p.q_len = cs.Lq;
+    p.kv_len = cs.Lk;
+    p.causal = cs.causal;
+    if (cs.valid) p.kv_valid_lens = valid.data();
+    if (cs.mask) {
+        p.mask = mask.data();
+        p.mask_batch_stride = cs.mask == 1 ? cs.Lk : cs.Lq * cs.Lk;
+        p.mask_row_stride = cs.mask == 1 ? 0 : cs.Lk;
+    }
+    std::vector<float> weights(static_cast<size_t>(cs.B * c.num_heads * cs.Lq * cs.Lk), test::kSentinel);
+    if (cs.weights) p.weights = weights.data();
+    std::vector<float> out(static_cast<size_t>(cs.B * cs.Lq * c.embed_dim), test::kSentinel);
+    if (cs.self)
+        layer.forward(rt, p, query.data(), nullptr, nullptr, out.data());
+    else
+        layer.forward(rt, p, query.data(), key.data(), value.data(), out.data());
+    std::vector<double> want_w;
+    const auto want = reference_layer(cs.config, lw, p, query.data(), key.data(), value.data(), &want_w);
+    check_close(out, want, 3e-5, "out");
+    if (cs.weights) check_close(weights, want_w, 3e-6, "weights");
+}
+
+} // namespace
+
+TEST_CASE("layer matches the double reference over every feature") {
+    auto cfg = [](int64_t E, int64_t H, int64_t Hkv = 0, int64_t hd = 0, int64_t vd = 0, int64_t kdim = 0,
+                  int64_t vdim = 0) {
+        LayerConfig c;
+        c.embed_dim = E;
+        c.num_heads = H;
+        c.num_kv_heads = Hkv;
+        c.head_dim = hd;
+        c.value_dim = vd;
+        c.kdim = kdim;
+        c.vdim = vdim;
+        return c;
+    };
+    const std::vector<Case> cases = {
+        {"self", cfg(32, 4), 2, 9, 9},
+        {"self one token", cfg(32, 4), 3, 1, 1},
+        {"self E not a multiple of the tile", cfg(40, 5), 2, 17, 17},
+        {"cross", cfg(32, 4), 2, 5, 11, false},
+        {"cross kdim vdim", cfg(32, 4, 0, 0, 0, 24, 20), 2, 6, 13, false},
+        {"gqa", cfg(32, 4, 2), 2, 7, 7},
+        {"mqa cross", cfg(32, 4, 1), 2, 3, 8, false},
+        {"head_dim != E/H, value_dim != head_dim", cfg(32, 4, 2, 12, 10), 2, 6, 6},
+        {"head_dim != E/H cross kdim", cfg(24, 3, 0, 20, 7, 17, 9), 2, 4, 10, false},
+        {"no bias", cfg(32, 4), 2, 6, 6, true, false, false, 0, false},
+        {"causal", cfg(32, 4), 2, 12, 12, true, true},
+        {"causal cross Lq < Lk", cfg(32, 4), 2, 4, 10, false, true},
+        {"valid lens incl. 0", cfg(32, 4), 3, 5, 5, true, false, true},
+        {"key padding mask", cfg(32, 4), 2, 6, 6, true, false, false, 1},
+        {"full mask + causal + valid", cfg(32, 4, 2), 3, 7, 7, true, true, true, 2},
+        {"weights", cfg(32, 4), 2, 5, 5, true, false, false, 0, true, true},
+        {"weights cross gqa masked", cfg(32, 4, 2, 0, 0, 24, 20), 2, 4, 9, false, true, true, 2, true, true},
+    };
+    for (int threads : {1, 2}) {
+        Runtime rt(RuntimeOptions{threads, {}, {}});
+        for (const auto &cs : cases) run_case(cs, rt);
+    }
+}
+
+TEST_CASE("layer: a projection with only some biases") {
+    Runtime rt(RuntimeOptions{1, {}, {}});
+    LayerConfig c;
+    c.embed_dim = 32;
+    c.num_heads = 4;
+    const Weights w = random_weights(c, 3);
+    for (int variant = 0; variant < 4; ++variant) {
+        const LayerWeights lw = w.view(variant == 0, variant == 1, variant == 2, variant == 3);
+        Layer layer(rt, c, lw);
+        const auto x = random_floats(2 * 5 * 32, 5);
+        LayerForward p;
+        p.batch = 2;
+        p.q_len = p.kv_len = 5;
+        std::vector<float> out(x.size());
+        layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
+        check_close(out, reference_layer(c, lw, p, x.data(), x.data(), x.data()), 3e-5, "out");
+    }
+}
+
+TEST_CASE("layer: PyTorch's packed in_proj_weight") {
+    Runtime rt(RuntimeOptions{1, {}, {}});
+    LayerConfig c;
+    c.embed_dim = 16;
+    c.num_heads = 2;
+    const auto in_w = random_floats(3 * 16 * 16, 1, -0.25f, 0.25f), in_b = random_floats(48, 2);
+    const auto out_w = random_floats(16 * 16, 3, -0.25f, 0.25f), out_b = random_floats(16, 4);
+    const LayerWeights lw = LayerWeights::from_in_proj(c, in_w.data(), in_b.data(), out_w.data(), out_b.data());
+    CHECK(lw.k_weight == in_w.data() + 256);
+    CHECK(lw.v_bias == in_b.data() + 32);
+    Layer layer(rt, c, lw);
+    const auto x = random_floats(3 * 16, 9);
+    LayerForward p;
+    p.batch = 1;
+    p.q_len = p.kv_len = 3;
+    std::vector<float> out(x.size());
+    layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
+    check_close(out, reference_layer(c, lw, p, x.data(), x.data(), x.data()), 3e-5, "out");
+    LayerConfig gqa = c;
+    gqa.num_kv_heads = 1;
+    CHECK_THROWS_AS(LayerWeights::from_in_proj(gqa, in_w.data(), nullptr, out_w.data(), nullptr), Error);
+    LayerConfig kd = c;
+    kd.kdim = 8;
+    CHECK_THROWS_AS(LayerWeights::from_in_proj(kd, in_w.data(), nullptr, out_w.data(), nullptr), Error);
+}
+
+namespace {
+
+std::vector<float> load_floats(const std::string &path, const std::vector<int64_t> &shape) {
+    return io::to_floats(path, io::read_npy(path), shape);
+}
+
+} // namespace
+
+TEST_CASE("layer matches PyTorch's nn.MultiheadAttention (tests/data/gen_layer_golden.py)") {
+    namespace fs = std::filesystem;
+    const fs::path root = fs::path(MHA_TEST_DATA) / "layer";
+    int cases = 0;
+    for (const char *name : {"self", "cross_kdim_vdim", "no_bias", "key_padding", "causal"}) {
+        CAPTURE(name);
+        const fs::path d = root / name;
+        int64_t H = 0;
+        bool causal = false;
+        {
+            std::ifstream f(d / "case.txt");
+            std::string word;
+            while (f >> word)
+                if (word == "num_heads") f >> H;
+                else if (word == "causal") causal = true;
+        }
+        REQUIRE(H > 0);
+        const auto qa = io::read_npy((d / "query.npy").string());
+        const int64_t B = qa.shape[0], Lq = qa.shape[1], E = qa.shape[2];
+        const auto query = io::to_floats("query", qa, {B, Lq, E});
+        const bool cross = fs::exists(d / "key.npy");
+        const auto ka = cross ? io::read_npy((d / "key.npy").string()) : qa;
+        const auto va = cross ? io::read_npy((d / "value.npy").string()) : qa;
+        const int64_t Lk = ka.shape[1], kdim = ka.shape[2], vdim = va.shape[2];
+        const auto key = io::to_floats("key", ka, {B, Lk, kdim}), value = io::to_floats("value", va, {B, Lk, vdim});
+        const fs::path wd = d / "weights";
+        auto opt = [&](const char *file, std::vector<int64_t> shape) {
+            return fs::exists(wd / file) ? load_floats((wd / file).string(), shape) : std::vector<float>{};
+        };
+        const auto in_b = opt("in_proj_bias.npy", {3 * E}), out_b = opt("out_proj.bias.npy", {E});
+        const auto out_w = load_floats((wd / "out_proj.weight.npy").string(), {E, E});
+        LayerConfig c;
+        c.embed_dim = E;
+        c.num_heads = H;
+        c.kdim = kdim;
+        c.vdim = vdim;
+        LayerWeights lw;
+        std::vector<float> in_w, qw, kw, vw;
+        if (fs::exists(wd / "in_proj_weight.npy")) {
+            in_w = load_floats((wd / "in_proj_weight.npy").string(), {3 * E, E});
+            lw = LayerWeights::from_in_proj(c, in_w.data(), in_b.empty() ? nullptr : in_b.data(), out_w.data(),
+                                            out_b.empty() ? nullptr : out_b.data());
+        } else {
+            qw = load_floats((wd / "q_proj_weight.npy").string(), {E, E});
+            kw = load_floats((wd / "k_proj_weight.npy").string(), {E, kdim});
+            vw = load_floats((wd / "v_proj_weight.npy").string(), {E, vdim});
+            lw.q_weight = qw.data();
+            lw.k_weight = kw.data();
+            lw.v_weight = vw.data();
+            lw.out_weight = out_w.data();
+            if (!in_b.empty()) {
+                lw.q_bias = in_b.data();
+                lw.k_bias = in_b.data() + E;
+                lw.v_bias = in_b.data() + 2 * E;
+            }
+            lw.out_bias = out_b.empty() ? nullptr : out_b.data();
+        }
+        // PyTorch's masks, True = not allowed, become ours, nonzero = may attend.
+        std::vector<uint8_t> allowed(static_cast<size_t>(B * Lq * Lk), 1);
+        bool any_mask = false;
+        if (fs::exists(d / "key_padding_mask.npy")) {
+            const auto kpm = io::to_bools("kpm", io::read_npy((d / "key_padding_mask.npy").string()), {B, Lk});
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t i = 0; i < Lq; ++i)
+                    for (int64_t j = 0; j < Lk; ++j)
+                        if (kpm[static_cast<size_t>(b * Lk + j)]) allowed[static_cast<size_t>((b * Lq + i) * Lk + j)] = 0;
+            any_mask = true;
+        }
+        const auto want = load_floats((d / "out.npy").string(), {B, Lq, E});
+        const auto want_w = load_floats((d / "weights.npy").string(), {B, H, Lq, Lk});
+        for (int threads : {1, 2}) {
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Layer layer(rt, c, lw);
+            LayerForward p;
+            p.batch = B;
+            p.q_len = Lq;
+            p.kv_len = Lk;
+            p.causal = causal;  // the golden attn_mask is the causal one
+            if (any_mask) {
+                p.mask = allowed.data();
+                p.mask_batch_stride = Lq * Lk;
+                p.mask_row_stride = Lk;
+            }
+            std::vector<float> out(want.size()), weights(want_w.size());
+            p.weights = weights.data();
+            layer.forward(rt, p, query.data(), cross ? key.data() : nullptr, cross ? value.data() : nullptr, out.data());
+            check_close(out, want, 1e-4, "out");
+            check_close(weights, want_w, 1e-4, "weights");
+        }
+        ++cases;
+    }
+    CHECK(cases == 5);
+}
+
+namespace {
+
+struct DetSetup {
+    LayerConfig c;
+    Weights w;
+    DetSetup() {
+        c.embed_dim = 64;
+        c.num_heads = 4;
+        c.num_kv_heads = 2;
+        w = random_weights(c, 21);
+    }
+};
+
+} // namespace
+
+TEST_CASE("layer: same bits for 1 and 2 threads, and for a sequence alone or in a batch") {
+    DetSetup s;
+    Runtime rt1(RuntimeOptions{1, {}, {}}), rt2(RuntimeOptions{2, {}, {}});
+    Layer layer(rt1, s.c, s.w.view());
+    const int64_t B = 5, L = 37, E = 64;
+    const auto x = random_floats(static_cast<size_t>(B * L * E), 4);
+    for (bool causal : {false, true}) {
+        LayerForward p;
+        p.batch = B;
+        p.q_len = p.kv_len = L;
+        p.causal = causal;
+        std::vector<float> o1(x.size()), o2(x.size());
+        layer.forward(rt1, p, x.data(), nullptr, nullptr, o1.data());
+        layer.forward(rt2, p, x.data(), nullptr, nullptr, o2.data());
+        CHECK(test::same_bits(o1, o2));
+        p.batch = 1;
+        for (int64_t b = 0; b < B; ++b) {
+            std::vector<float> alone(static_cast<size_t>(L * E));
+            layer.forward(rt2, p, x.data() + b * L * E, nullptr, nullptr, alone.data());
+            CHECK(std::memcmp(alone.data(), o1.data() + b * L * E, alone.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("layer: 8 host threads share one layer and one runtime") {
+    DetSetup s;
+    Runtime rt(RuntimeOptions{2, {}, {}});
+    const Layer layer(rt, s.c, s.w.view());
+    const int64_t L = 19, E = 64;
+    std::vector<std::vector<float>> inputs, serial(8), parallel(8);
+    LayerForward p;
+    p.batch = 1;
+    p.q_len = p.kv_len = L;
+    for (int t = 0; t < 8; ++t) {
+        inputs.push_back(random_floats(static_cast<size_t>(L * E), 100 + t));
+        serial[t].resize(static_cast<size_t>(L * E));
+        parallel[t].resize(static_cast<size_t>(L * E));
+        layer.forward(rt, p, inputs[t].data(), nullptr, nullptr, serial[t].data());
+    }
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 8; ++t)
+        pool.emplace_back([&, t] {
+            for (int rep = 0; rep < 5; ++rep) layer.forward(rt, p, inputs[t].data(), nullptr, nullptr, parallel[t].data());
+        });
+    for (auto &th : pool) th.join();
+    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(serial[t], parallel[t]));
+}
+
+TEST_CASE("layer: bad input gets a status and a message naming the field, and writes nothing") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+    const auto w = random_floats(3 * 16 * 16, 1), ow = random_floats(16 * 16, 2);
+    mha_layer_config c{16, 4, 0, 0, 0, 0, 0};
+    mha_layer_weights lw{};
+    REQUIRE(mha_layer_weights_from_in_proj(&c, w.data(), nullptr, ow.data(), nullptr, &lw) == MHA_OK);
+    auto create_fails = [&](mha_layer_config cc, const mha_layer_weights *ww, const char *field) {
+        mha_layer *l = reinterpret_cast<mha_layer *>(0x1);
+        CHECK(mha_layer_create(rt, &cc, ww, &l) == MHA_INVALID_ARGUMENT);
+        CHECK(l == nullptr);
+        CHECK(std::string(mha_last_error()).find(field) != std::string::npos);
+    };
+    create_fails({0, 4, 0, 0, 0, 0, 0}, &lw, "embed_dim");
+    create_fails({16, -1, 0, 0, 0, 0, 0}, &lw, "num_heads");
+    create_fails({16, 4, 3, 0, 0, 0, 0}, &lw, "num_kv_heads");
+    create_fails({18, 4, 0, 0, 0, 0, 0}, &lw, "embed_dim = 18");
+    create_fails({16, 4, 0, -2, 0, 0, 0}, &lw, "head_dim");
+    create_fails({16, 4, 0, 0, 0, -1, 0}, &lw, "kdim");
+    create_fails({int64_t{1} << 40, 1, 0, 0, 0, int64_t{1} << 40, 0}, &lw, "overflow");
+    mha_layer_weights no_v = lw;
+    no_v.v_weight = nullptr;
+    create_fails(c, &no_v, "v_weight");
+    create_fails(c, nullptr, "weights");
+    mha_layer *layer = nullptr;
+    CHECK(mha_layer_create(nullptr, &c, &lw, &layer) == MHA_INVALID_ARGUMENT);
+    CHECK(mha_layer_create(rt, nullptr, &lw, &layer) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("config") != std::string::npos);
+    CHECK(mha_layer_create(rt, &c, &lw, nullptr) == MHA_INVALID_ARGUMENT);
+    mha_layer_config gqa = c;
+    gqa.num_kv_heads = 2;
+    CHECK(mha_layer_weights_from_in_proj(&gqa, w.data(), nullptr, ow.data(), nullptr, &lw) == MHA_INVALID_ARGUMENT);
+    REQUIRE(mha_layer_create(rt, &c, &lw, &layer) == MHA_OK);
+
+    const int64_t B = 2, L = 4;
+    const auto x = random_floats(static_cast<size_t>(B * L * 16), 3);
+    std::vector<float> out(x.size(), test::kSentinel), weights(static_cast<size_t>(B * 4 * L * L), test::kSentinel);
+    int32_t valid[2] = {4, 5};
+    auto forward_fails = [&](mha_layer_forward_params p, const float *q, const float *k, const float *v, float *o,
+                             const char *field, const mha_layer *l) {
+        CHECK(mha_layer_forward(rt, l, &p, q, k, v, o) == MHA_INVALID_ARGUMENT);
+        CHECK(std::string(mha_last_error()).find(field) != std::string::npos);
+        for (float f : out) REQUIRE(f == test::kSentinel);
+        for (float f : weights) REQUIRE(f == test::kSentinel);
+    };
+    mha_layer_forward_params p{};
+    p.batch = B;
+    p.q_len = L;
+    p.weights = weights.data();
+    forward_fails(p, nullptr, nullptr, nullptr, out.data(), "query", layer);
+    forward_fails(p, x.data(), nullptr, nullptr, nullptr, "out", layer);
+    forward_fails(p, x.data(), x.data(), nullptr, out.data(), "value", layer);
+    forward_fails(p, x.data(), nullptr, nullptr, out.data(), "layer", nullptr);
+    mha_layer_forward_params bad = p;
+    bad.kv_valid_lens = valid;
+    forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "kv_valid_lens[1] = 5", layer);
+    bad = p;
+    bad.kv_len = 3;
+    forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "kv_len", layer);
+    bad = p;
+    bad.batch = -1;
+    forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "batch", layer);
+    bad = p;
+    bad.batch = int64_t{1} << 62;
+    forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "overflow", layer);
+    bad = p;
+    bad.mask = reinterpret_cast<const uint8_t *>(valid);
+    bad.mask_row_stride = 2;
+    forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "mask_row_stride", layer);
+    CHECK(mha_layer_forward(rt, layer, nullptr, x.data(), nullptr, nullptr, out.data()) == MHA_INVALID_ARGUMENT);
+
+    // A runtime with other tiles than the layer was packed for is refused, not misread.
+    TileConfig other = Runtime().tiles();
+    other.kc = other.kc / 2;
+    Runtime small(RuntimeOptions{1, {}, other});
+    LayerWeights cw;
+    cw.q_weight = lw.q_weight;
+    cw.k_weight = lw.k_weight;
+    cw.v_weight = lw.v_weight;
+    cw.out_weight = lw.out_weight;
+    Layer cpp_layer(small, LayerConfig{16, 4}, cw);
+    Runtime normal(RuntimeOptions{1, {}, {}});
+    LayerForward f;
+    f.batch = B;
+    f.q_len = L;
+    CHECK_THROWS_WITH_AS(cpp_layer.forward(normal, f, x.data(), nullptr, nullptr, out.data()),
+                         doctest::Contains("packed for"), Error);
+    for (float v : out) REQUIRE(v == test::kSentinel);
+
+    p.weights = nullptr;
+    CHECK(mha_layer_forward(rt, layer, &p, x.data(), nullptr, nullptr, out.data()) == MHA_OK);
+    mha_layer_destroy(layer);
+    mha_layer_destroy(nullptr);
+    mha_runtime_destroy(rt);
+}
