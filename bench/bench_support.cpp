@@ -114,6 +114,79 @@ const std::vector<AttentionShape> &attention_shapes() {
     return shapes;
 }
 
+std::string LayerShape::str() const {
+    return "B" + std::to_string(batch) + " L" + std::to_string(len) + " E" + std::to_string(embed) + " H" +
+           std::to_string(heads);
+}
+
+std::string LayerShape::torch_str() const {
+    return "B" + std::to_string(batch) + ",L" + std::to_string(len) + ",E" + std::to_string(embed) + ",H" +
+           std::to_string(heads);
+}
+
+double LayerShape::flops() const {
+    const double B = static_cast<double>(batch), L = static_cast<double>(len), E = static_cast<double>(embed);
+    return B * (4.0 * 2.0 * L * E * E + 4.0 * L * L * E);
+}
+
+const std::vector<LayerShape> &layer_shapes() {
+    static const std::vector<LayerShape> shapes = {
+        {8, 128, 512, 8, true}, {4, 512, 512, 8, false}, {1, 2048, 512, 8, true}};
+    return shapes;
+}
+
+void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w_in, const float *b_in,
+                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch) {
+    const int64_t T = s.batch * s.len, E = s.embed;
+    scratch.resize(static_cast<size_t>(4 * T * E));
+    float *q = scratch.data(), *k = q + T * E, *v = k + T * E, *o = v + T * E;
+    auto linear = [&](const float *in, const float *w, const float *b, float *y) {
+        dnnl_sgemm(threads, 'N', 'T', T, E, E, 1.0f, in, E, w, E, 0.0f, y, E);
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t e = 0; e < E; ++e) y[t * E + e] += b[e];
+    };
+    linear(x, w_in, b_in, q);
+    linear(x, w_in + E * E, b_in + E, k);
+    linear(x, w_in + 2 * E * E, b_in + 2 * E, v);
+    static thread_local std::vector<float> scores;
+    dnnl_attention(threads, 256, s.batch, s.len, s.heads, E / s.heads, false, q, k, v, o, scores);
+    linear(o, w_out, b_out, out);
+}
+
+std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &shapes, double budget_s,
+                                   std::string *why) {
+    std::string script = MHA_BENCH_DIR "/torch_layer.py";
+    if (const char *env = std::getenv("MHA_TORCH_SCRIPT")) script = env;
+    if (access("/usr/bin/python3", X_OK) != 0 || access(script.c_str(), R_OK) != 0) {
+        *why = "no /usr/bin/python3 or no " + script;
+        return {};
+    }
+    std::string cmd = "/usr/bin/python3 '" + script + "' --threads " + std::to_string(threads) + " --budget " +
+                      std::to_string(budget_s);
+    for (const auto &s : shapes) cmd += " " + s.torch_str();
+    cmd += " 2>/dev/null";
+    FILE *pipe = popen(cmd.c_str(), "r");
+    if (!pipe) {
+        *why = "cannot run " + cmd;
+        return {};
+    }
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+    const int rc = pclose(pipe);
+    std::vector<double> ms;
+    for (const auto &s : shapes) {
+        const std::string key = "\"" + s.torch_str() + "\": ";
+        const size_t at = text.find(key);
+        if (rc != 0 || at == std::string::npos) {
+            *why = "PyTorch not available (python3-torch missing?)";
+            return {};
+        }
+        ms.push_back(std::strtod(text.c_str() + at + key.size(), nullptr));
+    }
+    return ms;
+}
+
 std::string DecodeShape::str() const {
     return "B" + std::to_string(batch) + " Lk" + std::to_string(kv_len) + " H" + std::to_string(heads) + "/" +
            std::to_string(kv_heads) + " D" + std::to_string(dim);

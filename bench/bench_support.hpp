@@ -66,6 +66,29 @@ struct DecodeShape {
 };
 const std::vector<DecodeShape> &decode_shapes();
 
+struct LayerShape {
+    int64_t batch, len, embed, heads;
+    bool quick;
+    std::string str() const;        // "B8 L128 E512 H8"
+    std::string torch_str() const;  // "B8,L128,E512,H8", as bench/torch_layer.py takes it
+    // Projections (4 of E x E) and attention (4 L^2 E), self-attention.
+    double flops() const;
+};
+// The layer shapes of bench_layer.cpp and the mha-bench layer suite (self-attention).
+const std::vector<LayerShape> &layer_shapes();
+
+// The layer composed from oneDNN pieces the way PyTorch composes it: Q, K and V by dnnl_sgemm with
+// W^T plus a bias loop, the blocked dnnl_attention, the output projection likewise. w_in is
+// in_proj_weight [3E, E], b_in [3E], w_out [E, E], b_out [E]; x and out are [B, L, E].
+void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w_in, const float *b_in,
+                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch);
+
+// Median ms of PyTorch's nn.MultiheadAttention for each shape, on `threads` threads, from
+// bench/torch_layer.py run by /usr/bin/python3 (MHA_TORCH_SCRIPT overrides the script's path).
+// Empty, with *why set, if PyTorch or the script is not available.
+std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &shapes, double budget_s,
+                                   std::string *why);
+
 // Unfused attention built on dnnl_sgemm, one (batch, head) at a time, as PyTorch composes it:
 // S = Q K^T * scale, a row softmax (mha's, so the anchor is not held back by its softmax), O = P V.
 // block_rows = 0 materializes the full Lq x Lk scores; otherwise block_rows query rows at a time,

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_support.hpp"
+#include "bench/layer_fixture.hpp"
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
 #include "mha/softmax.hpp"
@@ -42,6 +43,7 @@ struct Row {
     std::string unit;           // "GFLOP/s" or "Gelem/s"
     double peak_fraction = -1;  // of the FMA peak; < 0 when it does not apply
     std::vector<std::pair<std::string, double>> vs;  // anchor -> its time / our time
+    double part_ms = -1;        // layer: the attention step's share of ms (the rest is projections)
 };
 
 struct Anchor {
@@ -207,6 +209,33 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
     }
 }
 
+void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    std::vector<bench::LayerShape> shapes;
+    for (const auto &s : bench::layer_shapes())
+        if ((!ctx.opt.quick || s.quick) && (!filter || std::regex_search("layer/forward/" + s.str(), *filter)))
+            shapes.push_back(s);
+    if (shapes.empty()) return;
+    for (int threads : ctx.opt.threads) {
+        std::fprintf(stderr, "layer: PyTorch nn.MultiheadAttention, threads=%d\n", threads);
+        std::string why;
+        const auto torch_ms = bench::torch_layer_ms(threads, shapes, ctx.budget_s(), &why);
+        if (torch_ms.empty()) std::fprintf(stderr, "layer: PyTorch anchor skipped: %s\n", why.c_str());
+        for (size_t i = 0; i < shapes.size(); ++i) {
+            const auto &s = shapes[i];
+            std::fprintf(stderr, "layer %s threads=%d\n", s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}});
+            bench::LayerFixture f(rt, s);
+            std::vector<Anchor> anchors;
+            if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});
+            measure(ctx, Row{"layer", "forward", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
+                    [&] { f.forward(rt); }, anchors, rows);
+            Row &r = rows.back();
+            if (!torch_ms.empty()) r.vs.emplace_back("PyTorch", torch_ms[i] / r.ms);
+            r.part_ms = bench::time_median([&] { f.attention_only(rt); }, ctx.budget_s()) * 1e3;
+        }
+    }
+}
+
 void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
@@ -229,11 +258,16 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
         std::printf("%-8s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
                     r.ms, rate, peak);
         for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
+        if (r.part_ms >= 0)
+            std::printf("   attention %.0f%% / projections %.0f%%", 100.0 * r.part_ms / r.ms, 100.0 * (1.0 - r.part_ms / r.ms));
         std::printf("\n");
     }
     std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
                 "K and V bytes read per second, %%peak there = share of the read bandwidth; vs X = X's time / mha's\n"
-                "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix).\n");
+                "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
+                "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
+                "nn.MultiheadAttention(batch_first=True, need_weights=False) timed by bench/torch_layer.py in this run;\n"
+                "layer GF/s counts 8 L E^2 + 4 L^2 E per sequence; the split times the attention step alone.\n");
 }
 
 void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
@@ -250,6 +284,10 @@ void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
         o[r.unit == "GFLOP/s" ? "gflops" : r.unit == "GB/s" ? "gbs" : "gelem_per_s"] = r.rate;
         o["peak_fraction"] = r.peak_fraction >= 0 ? nlohmann::json(r.peak_fraction) : nlohmann::json(nullptr);
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
+        if (r.part_ms >= 0) {
+            o["attention_ms"] = r.part_ms;
+            o["projection_ms"] = r.ms - r.part_ms;
+        }
         j["results"].push_back(o);
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -272,6 +310,7 @@ int main(int argc, char **argv) {
         suite_softmax(ctx, filter.get(), rows);
         suite_attention(ctx, filter.get(), rows);
         suite_decode(ctx, filter.get(), rows);
+        suite_layer(ctx, filter.get(), rows);
         if (ctx.opt.json)
             print_json(ctx, bw, rows);
         else

@@ -1,0 +1,57 @@
+// A multi-head attention layer with random PyTorch-layout weights and its input, as bench_layer and
+// mha-bench's layer suite run it (self-attention, E = embed, H heads).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bench/bench_support.hpp"
+#include "mha/attention.hpp"
+#include "mha/layer.hpp"
+
+namespace mha::bench {
+
+struct LayerFixture {
+    LayerShape shape;
+    std::vector<float> w_in, b_in, w_out, b_out, x, out, q, k, v, o, scratch;
+    std::unique_ptr<Layer> layer;
+    LayerForward forward_params;
+    AttentionParams attention_params;
+
+    LayerFixture(Runtime &rt, const LayerShape &s) : shape(s) {
+        const int64_t E = s.embed, T = s.batch * s.len;
+        auto fill = [](std::vector<float> &v, size_t n, float scale) {
+            v.resize(n);
+            for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int64_t>(i * 7919 % 1001) - 500) * scale;
+        };
+        fill(w_in, static_cast<size_t>(3 * E * E), 1e-4f);
+        fill(b_in, static_cast<size_t>(3 * E), 1e-3f);
+        fill(w_out, static_cast<size_t>(E * E), 1e-4f);
+        fill(b_out, static_cast<size_t>(E), 1e-3f);
+        fill(x, static_cast<size_t>(T * E), 2e-3f);
+        out.resize(x.size());
+        q.assign(x.size(), 0.01f);
+        k.assign(x.size(), 0.02f);
+        v.assign(x.size(), 0.5f);
+        o.resize(x.size());
+        LayerConfig c;
+        c.embed_dim = E;
+        c.num_heads = s.heads;
+        layer = std::make_unique<Layer>(rt, c, LayerWeights::from_in_proj(c, w_in.data(), b_in.data(), w_out.data(),
+                                                                           b_out.data()));
+        forward_params.batch = s.batch;
+        forward_params.q_len = forward_params.kv_len = s.len;
+        attention_params.batch = s.batch;
+        attention_params.q_len = attention_params.kv_len = s.len;
+        attention_params.num_heads = attention_params.num_kv_heads = s.heads;
+        attention_params.head_dim = attention_params.value_dim = E / s.heads;
+    }
+    void forward(Runtime &rt) { layer->forward(rt, forward_params, x.data(), nullptr, nullptr, out.data()); }
+    // The attention step of the same forward pass alone (its share of the time).
+    void attention_only(Runtime &rt) { attention(rt, attention_params, q.data(), k.data(), v.data(), o.data()); }
+    void onednn(int threads) {
+        dnnl_layer(threads, shape, x.data(), w_in.data(), b_in.data(), w_out.data(), b_out.data(), out.data(), scratch);
+    }
+};
+
+} // namespace mha::bench
