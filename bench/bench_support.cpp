@@ -155,7 +155,8 @@ void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w
 
 std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &shapes, double budget_s,
                                    std::string *why) {
-    std::string script = MHA_BENCH_DIR "/torch_layer.py";
+    std::string script = MHA_BENCH_DIR "/torch_layer.py";  // the source tree, else the installed copy
+    if (access(script.c_str(), R_OK) != 0) script = MHA_DATA_DIR "/torch_layer.py";
     if (const char *env = std::getenv("MHA_TORCH_SCRIPT")) script = env;
     if (access("/usr/bin/python3", X_OK) != 0 || access(script.c_str(), R_OK) != 0) {
         *why = "no /usr/bin/python3 or no " + script;

@@ -25,12 +25,20 @@ typedef enum mha_status {
 const char *mha_last_error(void);
 
 /* A runtime owns a thread arena of num_threads (0 = all hardware threads), the tile config, and
- * per-thread scratch. Many host threads may call one runtime at the same time.
+ * per-thread scratch. Many host threads may call one runtime at the same time. The tile config is
+ * read from the file named by MHA_TILE_CONFIG if that is set (a broken one fails the call).
  * The ISA is picked from the CPU; the environment variable MHA_ISA=avx2|avx512 overrides it
  * (MHA_UNSUPPORTED if the CPU lacks it). */
 typedef struct mha_runtime mha_runtime;
 mha_status mha_runtime_create(int num_threads, mha_runtime **out);
 void mha_runtime_destroy(mha_runtime *rt); /* NULL is fine */
+
+/* mha_runtime_create with the tile config file at tile_config_path (JSON, as mha-tune --out writes
+ * it; see the README). NULL or "" means the environment variable MHA_TILE_CONFIG, else the defaults,
+ * which is also what mha_runtime_create does. A missing, unreadable or broken config (bad JSON,
+ * unknown keys, values that break a kernel constraint, a config for another ISA) fails with
+ * MHA_INVALID_ARGUMENT and a message naming the file and the problem. */
+mha_status mha_runtime_create_with_config(int num_threads, const char *tile_config_path, mha_runtime **out);
 
 /* C = alpha * op(A) * op(B) + beta * C, row-major; trans is 'N' or 'T'.
  * op(A) is m x k, op(B) is k x n. beta == 0 means C is not read (NaN in C is overwritten).

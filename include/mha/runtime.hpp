@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "mha/error.hpp"
 #include "mha/isa.hpp"
@@ -13,7 +14,11 @@ namespace mha {
 struct RuntimeOptions {
     int num_threads = 0;            // 0 = all hardware threads
     std::optional<Isa> isa;         // unset: MHA_ISA from the environment, else the best the CPU has
-    std::optional<TileConfig> tiles; // unset: the defaults for the ISA and this machine's caches
+    std::optional<TileConfig> tiles; // unset: tile_config_path, else MHA_TILE_CONFIG, else the defaults
+    // A tile config file (see tile_config.hpp) to read when `tiles` is unset; empty: the
+    // environment variable MHA_TILE_CONFIG, if set. A broken config fails the constructor with
+    // mha::Error(invalid_argument), naming the file and the problem; it is never ignored.
+    std::string tile_config_path;
 };
 
 namespace detail { struct RuntimeState; }

@@ -37,6 +37,29 @@ struct TileConfig {
     void validate(Isa isa) const;
 };
 
+// A tile config file, as mha-tune writes it and the runtime reads it (MHA_TILE_CONFIG=path, or
+// RuntimeOptions::tile_config_path, or mha_runtime_create_with_config):
+//   {"format": "mha-tile-config", "version": 1, "isa": "avx512", "cpu": "<model name>",
+//    "date": "2026-11-22T04:40:00Z", "tiles": {"gemm_ukernel": "avx512_14x32", "mc": 4088, ...}}
+// "tiles" holds TileConfig's fields by name; a field it leaves out takes this machine's default.
+// "cpu" and "date" are informational. The runtime refuses a config for another ISA than its own.
+struct TileConfigFile {
+    Isa isa = Isa::avx2;
+    std::string cpu, date;
+    TileConfig tiles;
+};
+
+// Parses and validates a config (`name` is used in messages). Throws mha::Error(invalid_argument)
+// with "tile config <name>: <problem>" for bad JSON, unknown keys, wrong types, values that break a
+// kernel constraint, or an ISA this CPU lacks.
+TileConfigFile parse_tile_config(const std::string &text, const std::string &name);
+// Reads the file at path and parses it (an unreadable file is an invalid argument too).
+TileConfigFile load_tile_config(const std::string &path);
+// The JSON text of a config (what load_tile_config reads back).
+std::string tile_config_json(const TileConfigFile &config);
+// This CPU's model name (from /proc/cpuinfo), or "unknown".
+std::string cpu_model_name();
+
 // The CPU's cache sizes, from sysconf (falling back to the defaults above).
 CacheSizes detect_cache_sizes();
 

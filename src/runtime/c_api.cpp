@@ -78,6 +78,17 @@ mha_status mha_runtime_create(int num_threads, mha_runtime **out) {
     });
 }
 
+mha_status mha_runtime_create_with_config(int num_threads, const char *tile_config_path, mha_runtime **out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        *out = nullptr;
+        mha::RuntimeOptions o;
+        o.num_threads = num_threads;
+        if (tile_config_path) o.tile_config_path = tile_config_path;
+        *out = new mha_runtime(o);
+    });
+}
+
 void mha_runtime_destroy(mha_runtime *rt) { delete rt; }
 
 mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64_t n, int64_t k,

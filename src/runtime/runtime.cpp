@@ -71,7 +71,21 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     s.num_threads = o.num_threads ? o.num_threads : std::max(1, tbb::info::default_concurrency());
     if (s.num_threads > 4096) invalid_argument("num_threads must be <= 4096, got " + std::to_string(o.num_threads));
     s.isa = choose_isa(o);
-    s.tiles = o.tiles ? *o.tiles : default_tile_config(s.isa, detect_cache_sizes());
+    std::string path = o.tile_config_path;
+    if (path.empty() && !o.tiles)
+        if (const char *env = std::getenv("MHA_TILE_CONFIG"); env && *env) path = env;
+    if (o.tiles) {
+        s.tiles = *o.tiles;
+    } else if (!path.empty()) {
+        const TileConfigFile f = load_tile_config(path);
+        if (f.isa != s.isa)
+            invalid_argument("tile config " + path + ": it is for " + std::string(isa_name(f.isa)) +
+                             ", but this runtime uses " + std::string(isa_name(s.isa)) +
+                             " (tune again with mha-tune, or set MHA_ISA)");
+        s.tiles = f.tiles;
+    } else {
+        s.tiles = default_tile_config(s.isa, detect_cache_sizes());
+    }
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);

@@ -1,0 +1,156 @@
+// Tile config files: round trip, the three ways a runtime reads one (C++ option, MHA_TILE_CONFIG,
+// the C ABI), and every kind of broken config, each refused with a message naming file and problem.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "mha/mha.h"
+#include "mha/runtime.hpp"
+#include "mha/tile_config.hpp"
+
+using namespace mha;
+
+namespace {
+
+std::string temp_path(const std::string &name) {
+    return (std::filesystem::temp_directory_path() / ("mha_test_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+std::string write(const std::string &name, const std::string &text) {
+    const std::string p = temp_path(name);
+    std::ofstream(p) << text;
+    return p;
+}
+
+TileConfigFile tuned() {
+    TileConfigFile f;
+    f.isa = best_isa();
+    f.cpu = cpu_model_name();
+    f.date = "2026-11-22T00:00:00Z";
+    f.tiles = default_tile_config(f.isa, detect_cache_sizes());
+    f.tiles.kc = 200;  // not the default, so reading it back shows
+    f.tiles.attn_block_k = 128;
+    f.tiles.attn_kv_chunk = 512;
+    return f;
+}
+
+} // namespace
+
+TEST_CASE("a tile config round-trips through its JSON and reaches the runtime") {
+    const TileConfigFile f = tuned();
+    const std::string text = tile_config_json(f);
+    const TileConfigFile g = parse_tile_config(text, "mem");
+    CHECK(g.isa == f.isa);
+    CHECK(g.cpu == f.cpu);
+    CHECK(g.date == f.date);
+    CHECK(g.tiles.gemm_ukernel == f.tiles.gemm_ukernel);
+    CHECK(g.tiles.mc == f.tiles.mc);
+    CHECK(g.tiles.kc == 200);
+    CHECK(g.tiles.nc == f.tiles.nc);
+    CHECK(g.tiles.sup_max_n == f.tiles.sup_max_n);
+    CHECK(g.tiles.sup_max_k == f.tiles.sup_max_k);
+    CHECK(g.tiles.attn_block_q == f.tiles.attn_block_q);
+    CHECK(g.tiles.attn_block_k == 128);
+    CHECK(g.tiles.attn_kv_chunk == 512);
+    CHECK(tile_config_json(g) == text);
+
+    const std::string path = write("good.json", text);
+    SUBCASE("C++ option") {
+        RuntimeOptions o;
+        o.tile_config_path = path;
+        Runtime rt(o);
+        CHECK(rt.tiles().kc == 200);
+    }
+    SUBCASE("MHA_TILE_CONFIG") {
+        setenv("MHA_TILE_CONFIG", path.c_str(), 1);
+        Runtime rt;
+        unsetenv("MHA_TILE_CONFIG");
+        CHECK(rt.tiles().kc == 200);
+        CHECK(Runtime().tiles().kc != 200);
+    }
+    SUBCASE("C ABI") {
+        mha_runtime *rt = nullptr;
+        REQUIRE(mha_runtime_create_with_config(1, path.c_str(), &rt) == MHA_OK);
+        const float a[2] = {1, 2}, b[2] = {3, 4};
+        float c = 0;
+        CHECK(mha_sgemm(rt, 'N', 'N', 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1) == MHA_OK);
+        CHECK(c == 11.0f);
+        mha_runtime_destroy(rt);
+        REQUIRE(mha_runtime_create_with_config(1, nullptr, &rt) == MHA_OK);  // NULL: the defaults
+        mha_runtime_destroy(rt);
+    }
+    SUBCASE("a partial config takes the defaults for the rest") {
+        const std::string p = write("partial.json", R"({"format": "mha-tile-config", "version": 1, "isa": ")" +
+                                                        std::string(isa_name(best_isa())) + R"(", "tiles": {"kc": 128}})");
+        RuntimeOptions o;
+        o.tile_config_path = p;
+        Runtime rt(o);
+        CHECK(rt.tiles().kc == 128);
+        CHECK(rt.tiles().mc == Runtime().tiles().mc);
+        std::remove(p.c_str());
+    }
+    std::remove(path.c_str());
+}
+
+TEST_CASE("a broken tile config fails runtime creation, naming the file and the problem") {
+    const TileConfigFile f = tuned();
+    const std::string isa(isa_name(f.isa));
+    const std::string head = R"({"format": "mha-tile-config", "version": 1, "isa": ")" + isa + R"(", )";
+    struct Bad {
+        const char *what;
+        std::string text;
+        const char *message;
+    };
+    std::vector<Bad> bad = {
+        {"not JSON", "{\"format\": ", "not valid JSON"},
+        {"empty file", "", "not valid JSON"},
+        {"an array", "[1, 2]", "JSON object"},
+        {"unknown top-level key", head + R"("tiles": {}, "speed": 3})", "unknown key \"speed\""},
+        {"unknown tile key", head + R"("tiles": {"kcc": 3}})", "unknown key \"tiles.kcc\""},
+        {"wrong type", head + R"("tiles": {"kc": "big"}})", "tiles.kc must be an integer"},
+        {"float value", head + R"("tiles": {"kc": 12.5}})", "tiles.kc must be an integer"},
+        {"kc zero", head + R"("tiles": {"kc": 0}})", "kc must be in"},
+        {"mc not a multiple of MR", head + R"("tiles": {"mc": 7}})", "mc must be a multiple of MR"},
+        {"nc too small", head + R"("tiles": {"nc": 1}})", "nc must be a multiple of NR"},
+        {"chunk not a multiple", head + R"("tiles": {"attn_kv_chunk": 1000}})", "attn_kv_chunk"},
+        {"unknown microkernel", head + R"("tiles": {"gemm_ukernel": "avx512_99x99"}})", "not a known microkernel"},
+        {"wrong format", R"({"format": "other", "version": 1, "isa": "avx2", "tiles": {}})", "\"format\" must be"},
+        {"wrong version", R"({"format": "mha-tile-config", "version": 7, "isa": "avx2", "tiles": {}})", "\"version\" must be 1"},
+        {"unknown isa", R"({"format": "mha-tile-config", "version": 1, "isa": "sse2", "tiles": {}})", "not one of avx2"},
+        {"missing tiles", head.substr(0, head.size() - 2) + "}", "missing the \"tiles\""},
+    };
+    // A microkernel of another ISA than the file says, and a file for another ISA than the runtime.
+    if (cpu_supports(Isa::avx512) && cpu_supports(Isa::avx2)) {
+        bad.push_back({"kernel of the other ISA", head + R"("tiles": {"gemm_ukernel": "avx2_6x16"}})", "is for avx2"});
+        if (f.isa == Isa::avx512)
+            bad.push_back({"config for another ISA",
+                           R"({"format": "mha-tile-config", "version": 1, "isa": "avx2", "tiles": {}})",
+                           "it is for avx2, but this runtime uses avx512"});
+    }
+    for (const auto &b : bad) {
+        CAPTURE(b.what);
+        const std::string path = write("bad.json", b.text);
+        RuntimeOptions o;
+        o.tile_config_path = path;
+        CHECK_THROWS_WITH_AS(Runtime{o}, doctest::Contains(path.c_str()), Error);
+        CHECK_THROWS_WITH_AS(Runtime{o}, doctest::Contains(b.message), Error);
+        mha_runtime *rt = reinterpret_cast<mha_runtime *>(0x1);
+        CHECK(mha_runtime_create_with_config(1, path.c_str(), &rt) == MHA_INVALID_ARGUMENT);
+        CHECK(rt == nullptr);
+        CHECK(std::string(mha_last_error()).find(b.message) != std::string::npos);
+        setenv("MHA_TILE_CONFIG", path.c_str(), 1);
+        CHECK(mha_runtime_create(1, &rt) == MHA_INVALID_ARGUMENT);
+        CHECK(std::string(mha_last_error()).find(path) != std::string::npos);
+        unsetenv("MHA_TILE_CONFIG");
+        std::remove(path.c_str());
+    }
+    const std::string missing = temp_path("does_not_exist.json");
+    mha_runtime *rt = nullptr;
+    CHECK(mha_runtime_create_with_config(1, missing.c_str(), &rt) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find(missing + ": cannot open") != std::string::npos);
+    CHECK(mha_runtime_create_with_config(1, "", nullptr) == MHA_INVALID_ARGUMENT);
+}
