@@ -2,6 +2,8 @@
 // the C ABI), and every kind of broken config, each refused with a message naming file and problem.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
