@@ -14,6 +14,7 @@
 
 #include "bench/bench_support.hpp"
 #include "bench/layer_fixture.hpp"
+#include "cli_args.hpp"
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
 #include "mha/softmax.hpp"
@@ -22,14 +23,8 @@ using namespace mha;
 
 namespace {
 
-struct Options {
-    bool quick = false, json = false;
-    std::vector<int> threads = {1, 2};
-    std::string filter;
-};
-
 struct Context {
-    Options opt;
+    cli::BenchOptions opt;
     std::map<int, double> peak;  // threads -> GFLOP/s
     double bandwidth = 0;        // GB/s, one thread
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
@@ -63,48 +58,6 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
     if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth;
     for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
     rows.push_back(r);
-}
-
-void usage(FILE *to) {
-    std::fprintf(to,
-                 "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
-                 "  --quick      the short run (under a minute)\n"
-                 "  --threads    thread counts to run (default 1,2)\n"
-                 "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
-                 "  --json       print one JSON object instead of the table\n");
-}
-
-bool parse_args(int argc, char **argv, Options &o) {
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "--quick") o.quick = true;
-        else if (a == "--json") o.json = true;
-        else if (a == "--filter") o.filter = value();
-        else if (a == "--threads") {
-            o.threads.clear();
-            std::string v = value();
-            size_t pos = 0;
-            while (pos <= v.size()) {
-                const size_t end = std::min(v.find(',', pos), v.size());
-                const std::string item = v.substr(pos, end - pos);
-                char *stop = nullptr;
-                const long t = std::strtol(item.c_str(), &stop, 10);
-                if (item.empty() || *stop || t < 1 || t > 1024)
-                    throw std::runtime_error("--threads: '" + item + "' is not a thread count in [1, 1024]");
-                o.threads.push_back(static_cast<int>(t));
-                pos = end + 1;
-            }
-        } else if (a == "--help" || a == "-h") {
-            usage(stdout);
-            std::exit(0);
-        } else
-            throw std::runtime_error("unknown flag '" + a + "'");
-    }
-    return true;
 }
 
 void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
@@ -299,7 +252,11 @@ int main(int argc, char **argv) {
     bench::ensure_anchor_environment(argv);
     Context ctx;
     try {
-        parse_args(argc, argv, ctx.opt);
+        ctx.opt = cli::parse_bench_args(cli::args_of(argc, argv));
+        if (ctx.opt.help) {
+            std::fputs(cli::kBenchUsage, stdout);
+            return 0;
+        }
         std::unique_ptr<std::regex> filter;
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
@@ -316,8 +273,7 @@ int main(int argc, char **argv) {
         else
             print_table(ctx, bw, rows);
     } catch (const std::exception &e) {
-        std::fprintf(stderr, "mha-bench: %s\n", e.what());
-        usage(stderr);
+        std::fprintf(stderr, "mha-bench: %s\n\n%s", e.what(), cli::kBenchUsage);
         return 2;
     }
     return 0;

@@ -1,0 +1,115 @@
+// The command lines of mha-run, mha-bench and mha-tune: every flag, and every way to get one wrong.
+#include <doctest/doctest.h>
+
+#include "cli_args.hpp"
+
+using namespace mha::cli;
+
+namespace {
+
+std::string usage_error(const std::vector<std::string> &args, RunOptions (*parse)(const std::vector<std::string> &)) {
+    try {
+        parse(args);
+    } catch (const UsageError &e) {
+        return e.what();
+    }
+    return "";
+}
+
+const std::vector<std::string> kMinimal = {"--weights", "w", "--num-heads", "8", "--query", "q.npy"};
+
+std::vector<std::string> with(std::vector<std::string> extra) {
+    std::vector<std::string> a = kMinimal;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+}
+
+} // namespace
+
+TEST_CASE("mha-run: every flag") {
+    const RunOptions o = parse_run_args({"--weights", "m.safetensors", "--prefix", "layers.0.attn.", "--num-heads", "8",
+                                         "--query", "q.npy", "--key", "k.npy", "--value", "v.npy", "--key-padding-mask",
+                                         "kpm.npy", "--attn-mask", "am.npy", "--causal", "--out", "o.npy",
+                                         "--attn-weights", "w.npy", "--average-attn-weights", "--threads", "2",
+                                         "--repeat", "5", "--json"});
+    CHECK(o.weights == "m.safetensors");
+    CHECK(o.prefix == "layers.0.attn.");
+    CHECK(o.num_heads == 8);
+    CHECK(o.query == "q.npy");
+    CHECK(o.key == "k.npy");
+    CHECK(o.value == "v.npy");
+    CHECK(o.key_padding_mask == "kpm.npy");
+    CHECK(o.attn_mask == "am.npy");
+    CHECK(o.causal);
+    CHECK(o.out == "o.npy");
+    CHECK(o.attn_weights == "w.npy");
+    CHECK(o.average_attn_weights);
+    CHECK(o.threads == 2);
+    CHECK(o.repeat == 5);
+    CHECK(o.json);
+    const RunOptions d = parse_run_args(kMinimal);
+    CHECK(d.threads == 1);
+    CHECK(d.repeat == 1);
+    CHECK_FALSE(d.causal);
+    CHECK_FALSE(d.json);
+    CHECK(d.key.empty());
+    CHECK(parse_run_args({"--help"}).help);
+    CHECK(parse_run_args({"-h"}).help);
+    CHECK(parse_run_args(with({"--threads", "0"})).threads == 0);
+}
+
+TEST_CASE("mha-run: wrong command lines are refused, naming the flag") {
+    auto err = [](const std::vector<std::string> &a) { return usage_error(a, parse_run_args); };
+    CHECK(err({"--num-heads", "8", "--query", "q"}).find("--weights is required") != std::string::npos);
+    CHECK(err({"--weights", "w", "--query", "q"}).find("--num-heads is required") != std::string::npos);
+    CHECK(err({"--weights", "w", "--num-heads", "8"}).find("--query is required") != std::string::npos);
+    CHECK(err(with({"--key", "k.npy"})).find("--key and --value") != std::string::npos);
+    CHECK(err(with({"--value", "v.npy"})).find("--key and --value") != std::string::npos);
+    CHECK(err(with({"--bogus"})).find("unknown argument '--bogus'") != std::string::npos);
+    CHECK(err(with({"--out"})).find("--out needs a value") != std::string::npos);
+    CHECK(err(with({"--threads", "two"})).find("--threads: 'two'") != std::string::npos);
+    CHECK(err(with({"--threads", "-1"})).find("--threads") != std::string::npos);
+    CHECK(err(with({"--repeat", "0"})).find("--repeat") != std::string::npos);
+    CHECK(err(with({"--repeat", "99999999999999999999"})).find("--repeat") != std::string::npos);
+    CHECK(err({"--weights", "w", "--num-heads", "0", "--query", "q"}).find("--num-heads") != std::string::npos);
+    CHECK(err(with({"--num-heads", "4"})).find("given twice") != std::string::npos);
+    CHECK(err(with({"--average-attn-weights"})).find("needs --attn-weights") != std::string::npos);
+    CHECK(err(with({"--prefix", "a."})).find("--prefix applies to a .safetensors") != std::string::npos);
+    CHECK(err(with({"--out", "q.npy"})).find("also an input") != std::string::npos);
+}
+
+TEST_CASE("mha-bench: every flag") {
+    const BenchOptions d = parse_bench_args({});
+    CHECK(d.threads == std::vector<int>{1, 2});
+    CHECK_FALSE(d.quick);
+    const BenchOptions o = parse_bench_args({"--quick", "--threads", "1,2,4", "--filter", "gemm|layer", "--json"});
+    CHECK(o.quick);
+    CHECK(o.json);
+    CHECK(o.threads == std::vector<int>{1, 2, 4});
+    CHECK(o.filter == "gemm|layer");
+    CHECK(parse_bench_args({"--threads", "3"}).threads == std::vector<int>{3});
+    CHECK(parse_bench_args({"--help"}).help);
+    CHECK_THROWS_AS(parse_bench_args({"--threads", "1,,2"}), UsageError);
+    CHECK_THROWS_AS(parse_bench_args({"--threads", "0"}), UsageError);
+    CHECK_THROWS_AS(parse_bench_args({"--threads"}), UsageError);
+    CHECK_THROWS_AS(parse_bench_args({"--fast"}), UsageError);
+}
+
+TEST_CASE("mha-tune: every flag") {
+    const TuneOptions d = parse_tune_args({});
+    CHECK_FALSE(d.quick);
+    CHECK(d.threads == 1);
+    CHECK(d.out.empty());
+    const TuneOptions o =
+        parse_tune_args({"--quick", "--out", "t.json", "--csv", "c.csv", "--threads", "2", "--max-candidates", "3"});
+    CHECK(o.quick);
+    CHECK(o.out == "t.json");
+    CHECK(o.csv == "c.csv");
+    CHECK(o.threads == 2);
+    CHECK(o.max_candidates == 3);
+    CHECK(parse_tune_args({"-h"}).help);
+    CHECK_THROWS_AS(parse_tune_args({"--out"}), UsageError);
+    CHECK_THROWS_AS(parse_tune_args({"--threads", "x"}), UsageError);
+    CHECK_THROWS_AS(parse_tune_args({"--max-candidates", "0"}), UsageError);
+    CHECK_THROWS_AS(parse_tune_args({"--slow"}), UsageError);
+}

@@ -1,0 +1,153 @@
+#include "cli_args.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace mha::cli {
+
+const char *const kRunUsage =
+    "usage: mha-run --weights PATH [--prefix P] --num-heads H --query q.npy [--key k.npy --value v.npy]\n"
+    "               [--key-padding-mask m.npy] [--attn-mask m.npy] [--causal] [--out o.npy]\n"
+    "               [--attn-weights w.npy [--average-attn-weights]] [--threads N] [--repeat N] [--json]\n"
+    "  Runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors.\n"
+    "  --weights PATH            a directory of <state_dict key>.npy files (in_proj_weight.npy, in_proj_bias.npy,\n"
+    "                            out_proj.weight.npy, out_proj.bias.npy; or q_proj_weight.npy, k_proj_weight.npy,\n"
+    "                            v_proj_weight.npy when kdim/vdim differ from E), or a .safetensors file\n"
+    "  --prefix P                the layer's key prefix inside a .safetensors file (e.g. \"layers.0.self_attn.\")\n"
+    "  --num-heads H             number of heads (E must be a multiple of H)\n"
+    "  --query q.npy             [B, Lq, E] float32\n"
+    "  --key k.npy --value v.npy [B, Lk, kdim] and [B, Lk, vdim] float32; default: the query (self-attention)\n"
+    "  --key-padding-mask m.npy  [B, Lk] bool or uint8; nonzero = padding (ignored), as in PyTorch\n"
+    "  --attn-mask m.npy         [Lq, Lk] bool or uint8; nonzero = not allowed, as in PyTorch\n"
+    "  --causal                  query i sees keys j <= i + Lk - Lq\n"
+    "  --out o.npy               write the output [B, Lq, E] float32\n"
+    "  --attn-weights w.npy      write the per-head weights [B, H, Lq, Lk]; with --average-attn-weights the\n"
+    "                            head average [B, Lq, Lk], as PyTorch's need_weights returns by default\n"
+    "  --threads N               threads (default 1; 0 = all hardware threads)\n"
+    "  --repeat N                run the forward pass N times and time each run (default 1)\n"
+    "  --json                    end stdout with one JSON object: best_ms, median_ms, gflops, threads, ...\n"
+    "Exit status: 0 on success, 2 on bad arguments or bad files (nothing is written), 1 otherwise.\n";
+
+const char *const kBenchUsage =
+    "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
+    "  Suites: gemm, softmax, attention, decode, layer; each row beside its anchors, in one run.\n"
+    "  --quick      the short run (under a minute)\n"
+    "  --threads    thread counts to run (default 1,2)\n"
+    "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
+    "  --json       print one JSON object instead of the table\n";
+
+const char *const kTuneUsage =
+    "usage: mha-tune [--quick] [--out FILE] [--csv FILE] [--threads N]\n"
+    "  Searches the GEMM blocking (MC, KC, NC, microkernel) and the attention tiles (query block, key\n"
+    "  block) that fit this CPU's caches, on the projection and attention shapes, and compares the best\n"
+    "  with the defaults.\n"
+    "  --quick          a short search (under a minute)\n"
+    "  --out FILE       write the best tile config as JSON (MHA_TILE_CONFIG=FILE makes the runtime use it)\n"
+    "  --csv FILE       write every measured candidate\n"
+    "  --threads N      threads to tune for (default 1)\n"
+    "  --max-candidates N  measure at most N candidates per search (for tests)\n";
+
+std::vector<std::string> args_of(int argc, char **argv) { return std::vector<std::string>(argv + 1, argv + argc); }
+
+namespace {
+
+int64_t parse_int(const std::string &flag, const std::string &v, int64_t lo, int64_t hi) {
+    char *end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end || errno || x < lo || x > hi)
+        throw UsageError(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return x;
+}
+
+// Walks args: flags without a value call `flag`, flags with one call `valued`; both return false
+// for an unknown flag.
+void walk(const std::vector<std::string> &args, const std::map<std::string, std::function<void()>> &flags,
+          const std::map<std::string, std::function<void(const std::string &)>> &valued) {
+    std::map<std::string, int> seen;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (++seen[a] > 1 && a != "--help" && a != "-h") throw UsageError(a + " is given twice");
+        if (auto f = flags.find(a); f != flags.end()) {
+            f->second();
+        } else if (auto v = valued.find(a); v != valued.end()) {
+            if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+            v->second(args[++i]);
+        } else {
+            throw UsageError("unknown argument '" + a + "'");
+        }
+    }
+}
+
+} // namespace
+
+RunOptions parse_run_args(const std::vector<std::string> &args) {
+    RunOptions o;
+    auto path = [](std::string &dst) { return [&dst](const std::string &v) { dst = v; }; };
+    walk(args,
+         {{"--causal", [&] { o.causal = true; }},
+          {"--average-attn-weights", [&] { o.average_attn_weights = true; }},
+          {"--json", [&] { o.json = true; }},
+          {"--help", [&] { o.help = true; }},
+          {"-h", [&] { o.help = true; }}},
+         {{"--weights", path(o.weights)},
+          {"--prefix", path(o.prefix)},
+          {"--num-heads", [&](const std::string &v) { o.num_heads = parse_int("--num-heads", v, 1, 1 << 20); }},
+          {"--query", path(o.query)},
+          {"--key", path(o.key)},
+          {"--value", path(o.value)},
+          {"--key-padding-mask", path(o.key_padding_mask)},
+          {"--attn-mask", path(o.attn_mask)},
+          {"--out", path(o.out)},
+          {"--attn-weights", path(o.attn_weights)},
+          {"--threads", [&](const std::string &v) { o.threads = static_cast<int>(parse_int("--threads", v, 0, 4096)); }},
+          {"--repeat", [&](const std::string &v) { o.repeat = static_cast<int>(parse_int("--repeat", v, 1, 1000000)); }}});
+    if (o.help) return o;
+    if (o.weights.empty()) throw UsageError("--weights is required");
+    if (o.num_heads == 0) throw UsageError("--num-heads is required");
+    if (o.query.empty()) throw UsageError("--query is required");
+    if (o.key.empty() != o.value.empty()) throw UsageError("--key and --value go together (neither means self-attention)");
+    if (!o.prefix.empty() && !o.weights.ends_with(".safetensors"))
+        throw UsageError("--prefix applies to a .safetensors --weights file");
+    if (o.average_attn_weights && o.attn_weights.empty()) throw UsageError("--average-attn-weights needs --attn-weights");
+    for (const std::string *p : {&o.out, &o.attn_weights})
+        if (!p->empty() && (*p == o.query || *p == o.key || *p == o.value))
+            throw UsageError("output file " + *p + " is also an input");
+    return o;
+}
+
+BenchOptions parse_bench_args(const std::vector<std::string> &args) {
+    BenchOptions o;
+    walk(args,
+         {{"--quick", [&] { o.quick = true; }},
+          {"--json", [&] { o.json = true; }},
+          {"--help", [&] { o.help = true; }},
+          {"-h", [&] { o.help = true; }}},
+         {{"--filter", [&](const std::string &v) { o.filter = v; }},
+          {"--threads", [&](const std::string &v) {
+               o.threads.clear();
+               size_t pos = 0;
+               while (pos <= v.size()) {
+                   const size_t end = std::min(v.find(',', pos), v.size());
+                   o.threads.push_back(static_cast<int>(parse_int("--threads", v.substr(pos, end - pos), 1, 1024)));
+                   pos = end + 1;
+               }
+           }}});
+    return o;
+}
+
+TuneOptions parse_tune_args(const std::vector<std::string> &args) {
+    TuneOptions o;
+    walk(args,
+         {{"--quick", [&] { o.quick = true; }}, {"--help", [&] { o.help = true; }}, {"-h", [&] { o.help = true; }}},
+         {{"--out", [&](const std::string &v) { o.out = v; }},
+          {"--csv", [&](const std::string &v) { o.csv = v; }},
+          {"--threads", [&](const std::string &v) { o.threads = static_cast<int>(parse_int("--threads", v, 1, 1024)); }},
+          {"--max-candidates",
+           [&](const std::string &v) { o.max_candidates = static_cast<int>(parse_int("--max-candidates", v, 1, 1000000)); }}});
+    return o;
+}
+
+} // namespace mha::cli

@@ -1,0 +1,55 @@
+// The command lines of mha-run, mha-bench and mha-tune, parsed apart from the tools so that the
+// tests can check every flag. Every parser throws UsageError with a message naming the flag.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mha::cli {
+
+class UsageError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct RunOptions {
+    std::string weights;          // --weights: a directory of .npy files or a .safetensors file
+    std::string prefix;           // --prefix: key prefix inside a .safetensors file
+    int64_t num_heads = 0;        // --num-heads (required)
+    std::string query, key, value;  // --query (required), --key, --value (both or neither)
+    std::string key_padding_mask, attn_mask;  // --key-padding-mask, --attn-mask
+    bool causal = false;          // --causal
+    std::string out;              // --out
+    std::string attn_weights;     // --attn-weights
+    bool average_attn_weights = false;  // --average-attn-weights
+    int threads = 1;              // --threads (0 = all hardware threads)
+    int repeat = 1;               // --repeat
+    bool json = false;            // --json
+    bool help = false;            // --help / -h
+};
+RunOptions parse_run_args(const std::vector<std::string> &args);
+extern const char *const kRunUsage;
+
+struct BenchOptions {
+    bool quick = false, json = false, help = false;
+    std::vector<int> threads = {1, 2};
+    std::string filter;
+};
+BenchOptions parse_bench_args(const std::vector<std::string> &args);
+extern const char *const kBenchUsage;
+
+struct TuneOptions {
+    bool quick = false, help = false;
+    std::string out, csv;
+    int threads = 1;
+    int max_candidates = 0;       // 0 = no limit (the tests use a few)
+};
+TuneOptions parse_tune_args(const std::vector<std::string> &args);
+extern const char *const kTuneUsage;
+
+// argv[1..argc) as strings.
+std::vector<std::string> args_of(int argc, char **argv);
+
+} // namespace mha::cli
