@@ -16,6 +16,26 @@ int main(void) {
     int bad = st != MHA_OK;
     for (int i = 0; i < 4; ++i) bad |= fabsf(c[i] - want[i]) > 1e-5f;
     if (mha_sgemm(rt, 'Z', 'N', 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2) != MHA_INVALID_ARGUMENT) bad = 1;
+
+    /* A one-head layer, E = 2, identity projections and no biases, on one token: the attention
+       over a single key returns its value, so out = x. */
+    const float eye[4] = {1, 0, 0, 1};
+    mha_layer_config cfg = {2, 1, 0, 0, 0, 0, 0};
+    mha_layer_weights w = {eye, eye, eye, eye, NULL, NULL, NULL, NULL};
+    mha_layer *layer = NULL;
+    if (mha_layer_create(rt, &cfg, &w, &layer) != MHA_OK) {
+        fprintf(stderr, "layer: %s\n", mha_last_error());
+        bad = 1;
+    } else {
+        const float x[2] = {0.5f, -2.0f};
+        float out[2] = {0, 0};
+        mha_layer_forward_params p = {1, 1, 1, 0, NULL, NULL, 0, 0, NULL};
+        bad |= mha_layer_forward(rt, layer, &p, x, NULL, NULL, out) != MHA_OK;
+        bad |= fabsf(out[0] - 0.5f) > 1e-6f || fabsf(out[1] + 2.0f) > 1e-6f;
+        mha_layer_destroy(layer);
+    }
+    cfg.num_heads = 3; /* 2 is not a multiple of 3 */
+    if (mha_layer_create(rt, &cfg, &w, &layer) != MHA_INVALID_ARGUMENT || layer != NULL) bad = 1;
     printf("%s (last error: %s)\n", bad ? "FAIL" : "ok", mha_last_error());
     mha_runtime_destroy(rt);
     return bad;

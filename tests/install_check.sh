@@ -10,10 +10,13 @@ meson install -C "$build_dir" --destdir "$stage" --no-rebuild --quiet >/dev/null
 pc=$(dirname "$(find "$stage" -name mha.pc | head -1)")
 [ -n "$pc" ] || { echo "mha.pc was not installed"; exit 1; }
 export PKG_CONFIG_PATH=$pc PKG_CONFIG_SYSROOT_DIR=$stage
-for h in mha.h gemm.hpp runtime.hpp; do
+for h in mha.h gemm.hpp runtime.hpp attention.hpp layer.hpp tile_config.hpp; do
     [ -f "$(find "$stage" -path "*/include/mha/$h" | head -1)" ] || { echo "include/mha/$h not installed"; exit 1; }
 done
-[ -x "$(find "$stage" -path '*/bin/mha-bench' | head -1)" ] || { echo "mha-bench not installed"; exit 1; }
+for tool in mha-bench mha-tune mha-run; do
+    [ -x "$(find "$stage" -path "*/bin/$tool" | head -1)" ] || { echo "$tool not installed"; exit 1; }
+done
+[ -f "$(find "$stage" -path "*/share/mha/torch_layer.py" | head -1)" ] || { echo "share/mha/torch_layer.py not installed"; exit 1; }
 cc "$example" -o "$stage/prog" $(pkg-config --cflags --libs mha) -lm
 libdir=$(dirname "$(find "$stage" -name 'libmha.so' | head -1)")
 LD_LIBRARY_PATH=$libdir "$stage/prog"

@@ -2,9 +2,6 @@
 // binary (MHA_RUN names it), and bad files: exit code 2, a message naming the file, no output.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/npy.hpp"
+#include "run_tool.hpp"
 
 namespace fs = std::filesystem;
 using namespace mha::io;
@@ -23,30 +21,10 @@ namespace {
 
 const fs::path kData = fs::path(MHA_TEST_DATA) / "layer";
 
-struct Result {
-    int code = -1;
-    std::string output;  // stdout and stderr
-};
+using mha::test::shell_quote;
+using mha::test::TempDir;
 
-Result run(const std::string &args) {
-    const char *exe = std::getenv("MHA_RUN");
-    REQUIRE_MESSAGE(exe, "MHA_RUN must name the mha-run binary (meson test sets it)");
-    Result r;
-    FILE *p = popen((std::string(exe) + " " + args + " 2>&1").c_str(), "r");
-    REQUIRE(p);
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-}
-
-struct TempDir {
-    fs::path path = fs::temp_directory_path() / ("mha_run_test_" + std::to_string(getpid()));
-    TempDir() { fs::create_directories(path); }
-    ~TempDir() { fs::remove_all(path); }
-    std::string operator/(const std::string &name) const { return (path / name).string(); }
-};
+mha::test::ToolResult run(const std::string &args) { return mha::test::run_tool("MHA_RUN", args); }
 
 void expect_close(const std::string &got_path, const fs::path &want_path) {
     const Array got = read_npy(got_path), want = read_npy(want_path.string());
@@ -58,12 +36,7 @@ void expect_close(const std::string &got_path, const fs::path &want_path) {
     CHECK(worst <= 1e-4);
 }
 
-std::string q(const fs::path &p) {  // quoted for the shell
-    std::string s(1, '\'');
-    s += p.string();
-    s += '\'';
-    return s;
-}
+std::string q(const fs::path &p) { return shell_quote(p); }
 
 } // namespace
 
@@ -91,7 +64,7 @@ TEST_CASE("mha-run matches PyTorch on every golden case, per-head and averaged w
                 CAPTURE(safetensors);
                 const fs::path d = kData / c.name;
                 const std::string weights = safetensors ? q(d / "weights.safetensors") + " --prefix attn." : q(d / "weights");
-                const Result r = run("--weights " + weights + " --num-heads " + std::to_string(c.heads) + " --query " +
+                const auto r = run("--weights " + weights + " --num-heads " + std::to_string(c.heads) + " --query " +
                                      q(d / "query.npy") + " " + c.extra + " --out " + tmp / "o.npy" + " --attn-weights " +
                                      tmp / "w.npy" + (average ? " --average-attn-weights" : "") + " --threads 2");
                 INFO(r.output);
@@ -104,7 +77,7 @@ TEST_CASE("mha-run matches PyTorch on every golden case, per-head and averaged w
 
 TEST_CASE("mha-run --repeat --json ends stdout with one JSON object") {
     const fs::path d = kData / "self";
-    const Result r = run("--weights " + q(d / "weights") + " --num-heads 4 --query " + q(d / "query.npy") +
+    const auto r = run("--weights " + q(d / "weights") + " --num-heads 4 --query " + q(d / "query.npy") +
                          " --repeat 5 --json --threads 1");
     REQUIRE(r.code == 0);
     std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
@@ -166,7 +139,7 @@ TEST_CASE("mha-run: bad files exit 2, name the file and what was wrong, and writ
     };
     for (const auto &b : bad) {
         CAPTURE(std::string(b.what));
-        const Result r = run(base + " " + b.args);
+        const auto r = run(base + " " + b.args);
         INFO(r.output);
         CHECK(r.code == 2);
         CHECK(r.output.find(b.names) != std::string::npos);
@@ -174,7 +147,7 @@ TEST_CASE("mha-run: bad files exit 2, name the file and what was wrong, and writ
         CHECK_FALSE(fs::exists(tmp / "o.npy"));
         CHECK_FALSE(fs::exists(tmp / "w.npy"));
     }
-    const Result usage = run("--query");
+    const auto usage = run("--query");
     CHECK(usage.code == 2);
     CHECK(usage.output.find("usage: mha-run") != std::string::npos);
 }

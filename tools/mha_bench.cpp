@@ -138,7 +138,9 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
                                                              k.data(), v.data(), out.data(), scores);
                                    }});
             }
-            measure(ctx, Row{"attn", "fused", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
+            // mha's own unfused composition (GEMM, softmax, GEMM per head), the tests' second opinion.
+            anchors.push_back({"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }});
+            measure(ctx, Row{"attention", "fused", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
                     [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
     }
@@ -156,8 +158,10 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "decode %s threads=%d\n", s.str().c_str(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}});
+            const std::vector<Anchor> anchors = {
+                {"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }}};
             measure(ctx, Row{"decode", "fused", s.str(), threads, 0, 0, "GB/s", -1, {}}, s.kv_bytes(),
-                    [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, {}, rows);
+                    [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
     }
 }
@@ -208,7 +212,7 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
         char rate[32];
         std::snprintf(rate, sizeof rate, "%.2f %s", r.rate,
                       r.unit == "GFLOP/s" ? "GF/s" : r.unit == "GB/s" ? "GB/s" : "Ge/s");
-        std::printf("%-8s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
+        std::printf("%-9s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
                     r.ms, rate, peak);
         for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
         if (r.part_ms >= 0)
@@ -218,6 +222,7 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
                 "K and V bytes read per second, %%peak there = share of the read bandwidth; vs X = X's time / mha's\n"
                 "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
+                "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
                 "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
                 "nn.MultiheadAttention(batch_first=True, need_weights=False) timed by bench/torch_layer.py in this run;\n"
                 "layer GF/s counts 8 L E^2 + 4 L^2 E per sequence; the split times the attention step alone.\n");

@@ -1,0 +1,95 @@
+// mha-tune and mha-bench end to end: a short tuning run writes a config that reads back and that
+// mha-run then runs with; broken configs stop the tools with the file and the problem; mha-bench
+// --quick --json prints one object with every suite.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "mha/tile_config.hpp"
+#include "run_tool.hpp"
+
+using namespace mha;
+using mha::test::shell_quote;
+using mha::test::run_tool;
+using mha::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kSelf = fs::path(MHA_TEST_DATA) / "layer" / "self";
+
+std::string run_args() {
+    return "--weights " + shell_quote(kSelf / "weights") + " --num-heads 4 --query " + shell_quote(kSelf / "query.npy");
+}
+
+} // namespace
+
+TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime and mha-run use it") {
+    TempDir tmp;
+    const auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("speedup") != std::string::npos);
+    const TileConfigFile f = load_tile_config(tmp / "t.json");
+    CHECK(f.isa == best_isa());
+    CHECK(f.cpu == cpu_model_name());
+    CHECK(f.date.size() == 20);
+    std::ifstream csv(tmp / "t.csv");
+    std::string header, line;
+    std::getline(csv, header);
+    CHECK(header.rfind("phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k", 0) == 0);
+    int rows = 0;
+    std::set<std::string> phases;
+    while (std::getline(csv, line)) {
+        ++rows;
+        phases.insert(line.substr(0, line.find(',')));
+    }
+    CHECK(rows >= 2);
+    CHECK(phases == std::set<std::string>{"gemm", "attention"});
+
+    const auto ok = run_tool("MHA_RUN", run_args(), true, "MHA_TILE_CONFIG=" + shell_quote(tmp / "t.json"));
+    INFO(ok.output);
+    CHECK(ok.code == 0);
+}
+
+TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run and mha-tune with the file and the problem") {
+    TempDir tmp;
+    std::ofstream(tmp / "bad.json") << R"({"format": "mha-tile-config", "version": 1, "isa": "avx2", "tiles": {"kc": -4}})";
+    std::ofstream(tmp / "junk.json") << "{ not json";
+    for (const char *file : {"bad.json", "junk.json", "missing.json"}) {
+        CAPTURE(file);
+        const std::string env = "MHA_TILE_CONFIG=" + shell_quote(tmp / file);
+        const auto r = run_tool("MHA_RUN", run_args() + " --out " + tmp / "o.npy", true, env);
+        CHECK(r.code == 2);
+        CHECK(r.output.find(tmp / file) != std::string::npos);
+        CHECK_FALSE(fs::exists(tmp / "o.npy"));
+        const auto t = run_tool("MHA_TUNE", "--quick --max-candidates 1", true, env);
+        CHECK(t.code != 0);
+        CHECK(t.output.find(tmp / file) != std::string::npos);
+    }
+}
+
+TEST_CASE("mha-bench --quick --json prints one object with every suite") {
+    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1", false);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    CHECK(j["peak_gflops"].get<double>() > 0);
+    CHECK(j["bandwidth_gbs"].get<double>() > 0);
+    std::set<std::string> suites;
+    for (const auto &row : j["results"]) {
+        suites.insert(row["suite"].get<std::string>());
+        CHECK(row.contains("name"));
+        CHECK(row.contains("shape"));
+        CHECK(row["threads"] == 1);
+        CHECK(row["ms"].get<double>() > 0);
+        CHECK((row.contains("gflops") || row.contains("gbs") || row.contains("gelem_per_s")));
+        CHECK(row.contains("peak_fraction"));
+    }
+    CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer"});
+}
