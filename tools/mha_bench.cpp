@@ -203,7 +203,7 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
     for (const auto &r : rows) {
         if (r.suite != suite) {
             suite = r.suite;
-            std::printf("\n%-8s %-10s %-20s %7s %10s %12s %7s", "suite", "name", "shape", "threads", "ms", "rate", "%peak");
+            std::printf("\n%-9s %-10s %-20s %7s %10s %12s %7s", "suite", "name", "shape", "threads", "ms", "rate", "%peak");
             for (const auto &[n, v] : r.vs) std::printf(" %11s", ("vs " + n).c_str());
             std::printf("\n");
         }
