@@ -190,10 +190,39 @@ TEST_CASE("layer matches the double reference over every feature") {
         {"weights", cfg(32, 4), 2, 5, 5, true, false, false, 0, true, true},
         {"weights cross gqa masked", cfg(32, 4, 2, 0, 0, 24, 20), 2, 4, 9, false, true, true, 2, true, true},
     };
-    for (int threads : {1, 2}) {
-        Runtime rt(RuntimeOptions{threads, {}, {}});
-        for (const auto &cs : cases) run_case(cs, rt);
-    }
+    for (Isa isa : supported_isas())
+        for (int threads : {1, 2}) {
+            CAPTURE(std::string(isa_name(isa)));
+            CAPTURE(threads);
+            Runtime rt(RuntimeOptions{threads, isa, {}});
+            for (const auto &cs : cases) run_case(cs, rt);
+        }
+}
+
+TEST_CASE("layer: empty batches, no queries and no keys") {
+    Runtime rt(RuntimeOptions{1, {}, {}});
+    LayerConfig c;
+    c.embed_dim = 16;
+    c.num_heads = 2;
+    c.kdim = 8;
+    const Weights w = random_weights(c, 1);
+    Layer layer(rt, c, w.view());
+    const auto x = random_floats(3 * 16, 2), kv = random_floats(16, 3);
+    std::vector<float> out(3 * 16, test::kSentinel);
+    LayerForward p;
+    p.batch = 0;
+    p.q_len = 3;
+    p.kv_len = 2;
+    layer.forward(rt, p, nullptr, kv.data(), kv.data(), nullptr);  // nothing to do, nothing read
+    p.batch = 1;
+    p.q_len = 0;
+    layer.forward(rt, p, nullptr, kv.data(), kv.data(), nullptr);
+    // No keys: the attention gives zeros, so every output row is the output projection's bias.
+    p.q_len = 3;
+    p.kv_len = 0;
+    layer.forward(rt, p, x.data(), kv.data(), kv.data(), out.data());
+    for (int64_t t = 0; t < 3; ++t)
+        for (int64_t e = 0; e < 16; ++e) CHECK(out[static_cast<size_t>(t * 16 + e)] == w.bo[static_cast<size_t>(e)]);
 }
 
 TEST_CASE("layer: a projection with only some biases") {

@@ -223,7 +223,10 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     ap.q_stride = q_ld;
     ap.k_stride = ap.v_stride = kv_ld;
     ap.out_stride = Hq;
-    if (q_tokens == 0) return attention_validate(ap, nullptr, nullptr, nullptr, nullptr);
+    if (q_tokens == 0) {  // nothing to compute: check the masks and valid lengths all the same
+        const float none = 0.0f;
+        return attention_validate(ap, &none, &none, &none, &none);
+    }
 
     auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + kv_floats + o_floats));
     float *qs = scratch.data(), *ks = one_gemm ? qs + m.k_off : qs + q_floats, *vs = one_gemm ? qs + m.v_off
