@@ -273,6 +273,58 @@ TEST_CASE("strips with cached K/V tiles (1 thread) give the same bits as single 
     for (const auto &o : runtimes(1)) check_same_bits_1_2_threads(c, d, o);
 }
 
+TEST_CASE("token strides: q, k, v and out read from and written into wider rows, same bits as dense") {
+    const Case c{"strided", 2, 13, 21, 4, 2, 16, 12, true, 1, 2, true};
+    for (const RuntimeOptions &o : runtimes(2)) {
+        Runtime rt(o);
+        Data d = make(c, 5);
+        const Result dense = run(rt, c, d);
+        // Each tensor's token rows padded by a few floats, as in the fused QKV projection output.
+        const int64_t Tq = c.B * c.Lq, Tk = c.B * c.Lk, wq = c.H * c.D, wk = c.Hkv * c.D, wv = c.Hkv * c.Dv,
+                      wo = c.H * c.Dv, lq = wq + 3, lk = wk + 5, lv = wv + 1, lo = wo + 7;
+        auto widen = [](const std::vector<float> &x, int64_t rows, int64_t w, int64_t ld) {
+            std::vector<float> y(static_cast<size_t>(rows * ld), test::kSentinel);
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy(x.begin() + r * w, x.begin() + (r + 1) * w, y.begin() + r * ld);
+            return y;
+        };
+        const auto q = widen(d.q, Tq, wq, lq), k = widen(d.k, Tk, wk, lk), v = widen(d.v, Tk, wv, lv);
+        std::vector<float> out(static_cast<size_t>(Tq * lo), test::kSentinel), w(dense.w.size());
+        AttentionParams p = d.p;
+        p.q_stride = lq;
+        p.k_stride = lk;
+        p.v_stride = lv;
+        p.out_stride = lo;
+        p.weights = w.data();
+        attention(rt, p, q.data(), k.data(), v.data(), out.data());
+        bool same = true, pad_kept = true;
+        for (int64_t r = 0; r < Tq; ++r) {
+            same &= std::memcmp(out.data() + r * lo, dense.out.data() + r * wo, static_cast<size_t>(wo) * 4) == 0;
+            for (int64_t j = wo; j < lo; ++j) pad_kept &= out[static_cast<size_t>(r * lo + j)] == test::kSentinel;
+        }
+        CHECK(same);
+        CHECK(pad_kept);
+        CHECK(test::same_bits(w, dense.w));
+        std::vector<float> out2(out.size(), test::kSentinel);
+        attention_unfused(rt, p, q.data(), k.data(), v.data(), out2.data());
+        double worst = 0;
+        for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(out[i]) - out2[i]));
+        CHECK(worst <= 1e-5);
+        for (auto [name, field] : {std::pair{"q_stride", &AttentionParams::q_stride}, {"k_stride", &AttentionParams::k_stride},
+                                   {"v_stride", &AttentionParams::v_stride}, {"out_stride", &AttentionParams::out_stride}}) {
+            AttentionParams bad = p;
+            bad.*field = 1;  // narrower than a token's row
+            CHECK_THROWS_WITH_AS(attention(rt, bad, q.data(), k.data(), v.data(), out.data()),
+                                 doctest::Contains((std::string(name) + " = 1 is too small").c_str()), Error);
+            bad.*field = -4;
+            CHECK_THROWS_AS(attention(rt, bad, q.data(), k.data(), v.data(), out.data()), Error);
+            bad.*field = INT64_MAX / 2;
+            CHECK_THROWS_WITH_AS(attention(rt, bad, q.data(), k.data(), v.data(), out.data()),
+                                 doctest::Contains("overflow"), Error);
+        }
+    }
+}
+
 TEST_CASE("8 host threads share one runtime") {
     const Case c{"conc", 2, 33, 41, 4, 2, 16, 16, true};
     Data d = make(c, 8);
