@@ -22,7 +22,7 @@ enum class Impl { mha, full, blocked };
 void run(benchmark::State &state, const bench::AttentionShape &s, int threads, Impl impl) {
     const size_t n = static_cast<size_t>(s.batch * s.len * s.heads * s.dim);
     std::vector<float> q(n, 0.01f), k(n, 0.02f), v(n, 0.5f), out(n), scores;
-    Runtime rt(RuntimeOptions{threads, {}, {}});
+    Runtime rt(RuntimeOptions{threads, {}, {}, {}});
     AttentionParams p;
     p.batch = s.batch; p.q_len = p.kv_len = s.len; p.num_heads = p.num_kv_heads = s.heads;
     p.head_dim = p.value_dim = s.dim; p.causal = s.causal;
@@ -42,7 +42,7 @@ void run_decode(benchmark::State &state, const bench::DecodeShape &s, int thread
     const int64_t B = s.batch, H = s.heads, Hkv = s.kv_heads, D = s.dim, L = s.kv_len;
     std::vector<float> q(static_cast<size_t>(B * H * D), 0.01f), k(static_cast<size_t>(B * L * Hkv * D), 0.02f),
         v(k.size(), 0.5f), out(q.size());
-    Runtime rt(RuntimeOptions{threads, {}, {}});
+    Runtime rt(RuntimeOptions{threads, {}, {}, {}});
     AttentionParams p;
     p.batch = B; p.q_len = 1; p.kv_len = L; p.num_heads = H; p.num_kv_heads = Hkv; p.head_dim = p.value_dim = D;
     for (auto _ : state) {

@@ -29,7 +29,7 @@ enum class Impl { mha, onednn, openblas };
 void run(benchmark::State &state, const bench::GemmShape &s, int threads, Impl impl) {
     Operands x(s);
     std::unique_ptr<Runtime> rt;
-    if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}});
+    if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}, {}});
     for (auto _ : state) {
         switch (impl) {
         case Impl::mha:

@@ -17,7 +17,7 @@ std::map<int, double> g_peak;
 enum class Impl { mha, attention_part, onednn };
 
 void run(benchmark::State &state, const bench::LayerShape &s, int threads, Impl impl) {
-    Runtime rt(RuntimeOptions{threads, {}, {}});
+    Runtime rt(RuntimeOptions{threads, {}, {}, {}});
     bench::LayerFixture f(rt, s);
     for (auto _ : state) {
         if (impl == Impl::mha) f.forward(rt);

@@ -19,7 +19,7 @@ void run(benchmark::State &state, const bench::SoftmaxShape &s, int threads, Imp
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.1f - 5.0f;
     std::unique_ptr<Runtime> rt;
     std::unique_ptr<bench::DnnlSoftmax> dnnl;
-    if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}});
+    if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}, {}});
     if (impl == Impl::onednn) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data());
     for (auto _ : state) {
         switch (impl) {

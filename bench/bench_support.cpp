@@ -201,7 +201,7 @@ const std::vector<DecodeShape> &decode_shapes() {
 
 void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len, int64_t heads, int64_t dim,
                     bool causal, const float *q, const float *k, const float *v, float *out, std::vector<float> &scores) {
-    static mha::Runtime softmax_rt(mha::RuntimeOptions{1, {}, {}});
+    static mha::Runtime softmax_rt(mha::RuntimeOptions{1, {}, {}, {}});
     const int64_t rows_per = block_rows ? block_rows : len, ld = heads * dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
     scores.resize(static_cast<size_t>(rows_per * len));

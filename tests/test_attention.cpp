@@ -31,7 +31,7 @@ struct Case {
 std::vector<RuntimeOptions> runtimes(int threads) {
     std::vector<RuntimeOptions> v;
     for (Isa isa : supported_isas()) {
-        RuntimeOptions o{threads, isa, {}};
+        RuntimeOptions o{threads, isa, {}, {}};
         v.push_back(o);
         TileConfig t = default_tile_config(isa, detect_cache_sizes());
         t.attn_block_q = 5;  // tiny tiles: every edge, many tiles per row
@@ -198,7 +198,7 @@ TEST_CASE("golden files from PyTorch (tests/data/gen_attention_golden.py)") {
         const auto want = read(static_cast<size_t>(B * Lq * H * Dv));
         const auto want_w = read(static_cast<size_t>(B * H * Lq * Lk));
         for (Isa isa : supported_isas()) {
-            Runtime rt(RuntimeOptions{1, isa, {}});
+            Runtime rt(RuntimeOptions{1, isa, {}, {}});
             AttentionParams p;
             p.batch = B; p.q_len = Lq; p.kv_len = Lk; p.num_heads = H; p.num_kv_heads = Hkv;
             p.head_dim = D; p.value_dim = Dv; p.causal = causal != 0;
@@ -218,7 +218,7 @@ TEST_CASE("golden files from PyTorch (tests/data/gen_attention_golden.py)") {
 }
 
 TEST_CASE("the unfused path (GEMM, softmax, GEMM) agrees with the fused one") {
-    Runtime rt(RuntimeOptions{2, {}, {}});
+    Runtime rt(RuntimeOptions{2, {}, {}, {}});
     for (const auto &c : kCases) {
         CAPTURE(c.what);
         Data d = make(c, 17);
@@ -234,7 +234,7 @@ TEST_CASE("the unfused path (GEMM, softmax, GEMM) agrees with the fused one") {
 }
 
 TEST_CASE("empty problems and kv_len == 0") {
-    Runtime rt(RuntimeOptions{1, {}, {}});
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
     AttentionParams p;
     p.batch = 2; p.q_len = 3; p.kv_len = 0; p.num_heads = 2; p.num_kv_heads = 1; p.head_dim = 4; p.value_dim = 4;
     std::vector<float> q(48, 1.0f), out(48, test::kSentinel);
@@ -249,8 +249,8 @@ TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a ba
     Data d = make(c, 5);
     const size_t n_out = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), n_w = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
     for (Isa isa : supported_isas()) {
-        const Result all = check_same_bits_1_2_threads(c, d, RuntimeOptions{1, isa, {}});
-        Runtime r2(RuntimeOptions{2, isa, {}});
+        const Result all = check_same_bits_1_2_threads(c, d, RuntimeOptions{1, isa, {}, {}});
+        Runtime r2(RuntimeOptions{2, isa, {}, {}});
         // Batch element 2 alone.
         AttentionParams one = d.p;
         one.batch = 1;
@@ -328,7 +328,7 @@ TEST_CASE("token strides: q, k, v and out read from and written into wider rows,
 TEST_CASE("8 host threads share one runtime") {
     const Case c{"conc", 2, 33, 41, 4, 2, 16, 16, true};
     Data d = make(c, 8);
-    Runtime rt(RuntimeOptions{2, {}, {}});
+    Runtime rt(RuntimeOptions{2, {}, {}, {}});
     const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv);
     std::vector<float> want(n);
     attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), want.data());

@@ -114,7 +114,7 @@ RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
 TEST_CASE("the host runs at least one kernel, and every ISA it supports has a default") {
     REQUIRE_FALSE(host_kernels().empty());
     for (Isa isa : supported_isas()) {
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         CHECK(rt.isa() == isa);
         CHECK(gemm::find_sgemm_kernel(rt.tiles().gemm_ukernel) != nullptr);
     }
@@ -245,7 +245,7 @@ TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
 TEST_CASE("skinny and attention-shaped products") {
     for (Isa isa : supported_isas()) {
         CAPTURE(isa_name(isa));
-        Runtime rt(RuntimeOptions{2, isa, {}});
+        Runtime rt(RuntimeOptions{2, isa, {}, {}});
         for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 1, 1000, 64}, {'N', 'N', 1000, 1, 64},
                                        {'N', 'T', 1, 1000, 64}, {'T', 'N', 1000, 1, 64},
                                        {'N', 'T', 200, 300, 64}, {'N', 'N', 300, 64, 200},
@@ -259,7 +259,7 @@ TEST_CASE("skinny and attention-shaped products") {
 }
 
 TEST_CASE("k == 0 gives beta * C; m == 0 or n == 0 does nothing; alpha == 0 does not read A or B") {
-    Runtime rt(RuntimeOptions{1, {}, {}});
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
     std::vector<float> c = {1, 2, 3, 4};
     sgemm(rt, Trans::N, Trans::N, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
     CHECK(c == std::vector<float>{0.5f, 1, 1.5f, 2});
@@ -294,7 +294,7 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
 }
 
 TEST_CASE("8 host threads share one runtime") {
-    Runtime rt(RuntimeOptions{2, {}, {}});
+    Runtime rt(RuntimeOptions{2, {}, {}, {}});
     const int64_t m = 150, n = 170, k = 300;
     auto a = test::random_floats(static_cast<size_t>(m * k), 1), b = test::random_floats(static_cast<size_t>(k * n), 2);
     std::vector<float> want(static_cast<size_t>(m * n));
@@ -316,7 +316,7 @@ TEST_CASE("tile configs that break a kernel constraint are refused, naming the f
         TileConfig t = default_tile_config(isa, detect_cache_sizes());
         mutate(t);
         try {
-            Runtime rt(RuntimeOptions{1, isa, t});
+            Runtime rt(RuntimeOptions{1, isa, t, {}});
             FAIL("accepted a config with a bad ", field);
         } catch (const Error &e) {
             CHECK(e.status() == Status::invalid_argument);

@@ -194,13 +194,13 @@ TEST_CASE("layer matches the double reference over every feature") {
         for (int threads : {1, 2}) {
             CAPTURE(std::string(isa_name(isa)));
             CAPTURE(threads);
-            Runtime rt(RuntimeOptions{threads, isa, {}});
+            Runtime rt(RuntimeOptions{threads, isa, {}, {}});
             for (const auto &cs : cases) run_case(cs, rt);
         }
 }
 
 TEST_CASE("layer: empty batches, no queries and no keys") {
-    Runtime rt(RuntimeOptions{1, {}, {}});
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
     LayerConfig c;
     c.embed_dim = 16;
     c.num_heads = 2;
@@ -226,7 +226,7 @@ TEST_CASE("layer: empty batches, no queries and no keys") {
 }
 
 TEST_CASE("layer: a projection with only some biases") {
-    Runtime rt(RuntimeOptions{1, {}, {}});
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
     LayerConfig c;
     c.embed_dim = 32;
     c.num_heads = 4;
@@ -245,7 +245,7 @@ TEST_CASE("layer: a projection with only some biases") {
 }
 
 TEST_CASE("layer: PyTorch's packed in_proj_weight") {
-    Runtime rt(RuntimeOptions{1, {}, {}});
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
     LayerConfig c;
     c.embed_dim = 16;
     c.num_heads = 2;
@@ -349,7 +349,7 @@ TEST_CASE("layer matches PyTorch's nn.MultiheadAttention (tests/data/gen_layer_g
         const auto want = load_floats((d / "out.npy").string(), {B, Lq, E});
         const auto want_w = load_floats((d / "weights.npy").string(), {B, H, Lq, Lk});
         for (int threads : {1, 2}) {
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             Layer layer(rt, c, lw);
             LayerForward p;
             p.batch = B;
@@ -389,7 +389,7 @@ struct DetSetup {
 
 TEST_CASE("layer: same bits for 1 and 2 threads, and for a sequence alone or in a batch") {
     DetSetup s;
-    Runtime rt1(RuntimeOptions{1, {}, {}}), rt2(RuntimeOptions{2, {}, {}});
+    Runtime rt1(RuntimeOptions{1, {}, {}, {}}), rt2(RuntimeOptions{2, {}, {}, {}});
     Layer layer(rt1, s.c, s.w.view());
     const int64_t B = 5, L = 37, E = 64;
     const auto x = random_floats(static_cast<size_t>(B * L * E), 4);
@@ -413,7 +413,7 @@ TEST_CASE("layer: same bits for 1 and 2 threads, and for a sequence alone or in 
 
 TEST_CASE("layer: 8 host threads share one layer and one runtime") {
     DetSetup s;
-    Runtime rt(RuntimeOptions{2, {}, {}});
+    Runtime rt(RuntimeOptions{2, {}, {}, {}});
     const Layer layer(rt, s.c, s.w.view());
     const int64_t L = 19, E = 64;
     std::vector<std::vector<float>> inputs, serial(8), parallel(8);
@@ -509,14 +509,14 @@ TEST_CASE("layer: bad input gets a status and a message naming the field, and wr
     // A runtime with other tiles than the layer was packed for is refused, not misread.
     TileConfig other = Runtime().tiles();
     other.kc = other.kc / 2;
-    Runtime small(RuntimeOptions{1, {}, other});
+    Runtime small(RuntimeOptions{1, {}, other, {}});
     LayerWeights cw;
     cw.q_weight = lw.q_weight;
     cw.k_weight = lw.k_weight;
     cw.v_weight = lw.v_weight;
     cw.out_weight = lw.out_weight;
     Layer cpp_layer(small, LayerConfig{16, 4}, cw);
-    Runtime normal(RuntimeOptions{1, {}, {}});
+    Runtime normal(RuntimeOptions{1, {}, {}, {}});
     LayerForward f;
     f.batch = B;
     f.q_len = L;

@@ -55,7 +55,7 @@ std::vector<Isa> isas() { return supported_isas(); }
 TEST_CASE("vector exp: accuracy over the float range, exact 0 for -inf, NaN stays NaN") {
     for (Isa isa : isas()) {
         CAPTURE(std::string(isa_name(isa)));
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         const auto &k = *rt.state().softmax_kernels;
         std::vector<float> x;
         for (double v = -87.3; v <= 88.0; v += 0.0137) x.push_back(static_cast<float>(v));
@@ -83,7 +83,7 @@ TEST_CASE("softmax against double: tails, spreads up to 1e3, padding never writt
     for (int64_t c : {63, 64, 65, 127, 128, 129, 1000, 4097}) widths.push_back(c);
     for (Isa isa : isas()) {
         CAPTURE(std::string(isa_name(isa)));
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         for (int64_t cols : widths)
             for (float spread : {1.0f, 30.0f, 1000.0f}) {
                 const int64_t rows = 3, ld = cols + 5;
@@ -100,7 +100,7 @@ TEST_CASE("softmax against double: tails, spreads up to 1e3, padding never writt
 
 TEST_CASE("rows exactly as long as their buffers: tails never read past the row (ASan checks)") {
     for (Isa isa : isas()) {
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         for (int64_t cols : {1, 7, 15, 17, 31, 33}) {
             auto x = test::random_floats(static_cast<size_t>(cols), 9);
             std::vector<float> y(static_cast<size_t>(cols));
@@ -113,7 +113,7 @@ TEST_CASE("rows exactly as long as their buffers: tails never read past the row 
 TEST_CASE("-inf entries, all -inf rows, NaN rows, +inf, and logits of +-3e38") {
     for (Isa isa : isas()) {
         CAPTURE(std::string(isa_name(isa)));
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         const int64_t cols = 37, rows = 7;
         auto x = test::random_floats(static_cast<size_t>(rows * cols), 4, -5.0f, 5.0f);
         auto row = [&](int64_t r) { return x.data() + r * cols; };
@@ -142,7 +142,7 @@ TEST_CASE("in place, and the same bits on 1 and 2 threads and for a row alone or
     const int64_t rows = 300, cols = 257;
     auto x = test::random_floats(static_cast<size_t>(rows * cols), 5, -20.0f, 20.0f);
     for (Isa isa : isas()) {
-        Runtime r1(RuntimeOptions{1, isa, {}}), r2(RuntimeOptions{2, isa, {}});
+        Runtime r1(RuntimeOptions{1, isa, {}, {}}), r2(RuntimeOptions{2, isa, {}, {}});
         std::vector<float> y1(x.size()), y2(x.size());
         softmax(r1, rows, cols, x.data(), cols, y1.data(), cols);
         softmax(r2, rows, cols, x.data(), cols, y2.data(), cols);
@@ -163,7 +163,7 @@ TEST_CASE("online softmax: folding in blocks of any size equals the one-shot sof
     for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(2 * cols + c)] = -kInf;  // row 2: all masked
     for (Isa isa : isas()) {
         CAPTURE(std::string(isa_name(isa)));
-        Runtime rt(RuntimeOptions{1, isa, {}});
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
         for (int64_t block : std::initializer_list<int64_t>{1, 3, 16, 17, 50, 64, 100, cols}) {
             CAPTURE(block);
             // With V = identity, the accumulator collects P itself, so after finishing it must be
@@ -207,7 +207,7 @@ TEST_CASE("softmax: bad input gets a status and a message, and y is left untouch
     CHECK(mha_softmax(rt, 0, 3, nullptr, 3, nullptr, 3) == MHA_OK);
     mha_runtime_destroy(rt);
 
-    Runtime r(RuntimeOptions{1, {}, {}});
+    Runtime r(RuntimeOptions{1, {}, {}, {}});
     float s[4] = {0, 0, 0, 0}, m[2], l[2], acc[4];
     CHECK_THROWS_AS(online_softmax_fold(r, 2, 2, s, 1, m, l, acc, 2, 2), Error);
     CHECK_THROWS_AS(online_softmax_fold(r, 2, 2, s, 2, nullptr, l, acc, 2, 2), Error);

@@ -70,7 +70,7 @@ void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) 
         const int64_t lda = s.ta == 'N' ? s.k : s.m, ldb = s.tb == 'N' ? s.n : s.k;
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "gemm %s %s threads=%d\n", s.label, s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             std::vector<Anchor> anchors;
             if (bench::has_dnnl())
                 anchors.push_back({"oneDNN", [&] {
@@ -100,7 +100,7 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
         if (bench::has_dnnl()) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data());
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "softmax %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             std::vector<Anchor> anchors;
             if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(threads); }});
             anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }});
@@ -126,7 +126,7 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
         p.head_dim = p.value_dim = s.dim; p.causal = s.causal;
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "attention %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             std::vector<Anchor> anchors;
             if (bench::has_dnnl()) {
                 anchors.push_back({"blocked", [&] {
@@ -157,7 +157,7 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
         p.batch = B; p.q_len = 1; p.kv_len = L; p.num_heads = H; p.num_kv_heads = Hkv; p.head_dim = p.value_dim = D;
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "decode %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             const std::vector<Anchor> anchors = {
                 {"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }}};
             measure(ctx, Row{"decode", "fused", s.str(), threads, 0, 0, "GB/s", -1, {}}, s.kv_bytes(),
@@ -180,7 +180,7 @@ void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows)
         for (size_t i = 0; i < shapes.size(); ++i) {
             const auto &s = shapes[i];
             std::fprintf(stderr, "layer %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             bench::LayerFixture f(rt, s);
             std::vector<Anchor> anchors;
             if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});

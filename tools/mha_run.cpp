@@ -155,7 +155,7 @@ int run(const cli::RunOptions &o) {
     const LayerConfig rc = c.resolved();
     const Inputs in = read_inputs(o, E, rc.kdim, rc.vdim);
 
-    Runtime rt(RuntimeOptions{o.threads, {}, {}});
+    Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
     const Layer layer(rt, c, lw);
     LayerForward p;
     p.batch = in.B;
