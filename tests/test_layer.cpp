@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/npy.hpp"
+#include "io/torch_mha.hpp"
 #include "mha/layer.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
@@ -303,49 +304,17 @@ TEST_CASE("layer matches PyTorch's nn.MultiheadAttention (tests/data/gen_layer_g
         const auto va = cross ? io::read_npy((d / "value.npy").string()) : qa;
         const int64_t Lk = ka.shape[1], kdim = ka.shape[2], vdim = va.shape[2];
         const auto key = io::to_floats("key", ka, {B, Lk, kdim}), value = io::to_floats("value", va, {B, Lk, vdim});
-        const fs::path wd = d / "weights";
-        auto opt = [&](const char *file, std::vector<int64_t> shape) {
-            return fs::exists(wd / file) ? load_floats((wd / file).string(), shape) : std::vector<float>{};
-        };
-        const auto in_b = opt("in_proj_bias.npy", {3 * E}), out_b = opt("out_proj.bias.npy", {E});
-        const auto out_w = load_floats((wd / "out_proj.weight.npy").string(), {E, E});
-        LayerConfig c;
-        c.embed_dim = E;
-        c.num_heads = H;
-        c.kdim = kdim;
-        c.vdim = vdim;
-        LayerWeights lw;
-        std::vector<float> in_w, qw, kw, vw;
-        if (fs::exists(wd / "in_proj_weight.npy")) {
-            in_w = load_floats((wd / "in_proj_weight.npy").string(), {3 * E, E});
-            lw = LayerWeights::from_in_proj(c, in_w.data(), in_b.empty() ? nullptr : in_b.data(), out_w.data(),
-                                            out_b.empty() ? nullptr : out_b.data());
-        } else {
-            qw = load_floats((wd / "q_proj_weight.npy").string(), {E, E});
-            kw = load_floats((wd / "k_proj_weight.npy").string(), {E, kdim});
-            vw = load_floats((wd / "v_proj_weight.npy").string(), {E, vdim});
-            lw.q_weight = qw.data();
-            lw.k_weight = kw.data();
-            lw.v_weight = vw.data();
-            lw.out_weight = out_w.data();
-            if (!in_b.empty()) {
-                lw.q_bias = in_b.data();
-                lw.k_bias = in_b.data() + E;
-                lw.v_bias = in_b.data() + 2 * E;
-            }
-            lw.out_bias = out_b.empty() ? nullptr : out_b.data();
-        }
+        const io::MhaWeights mw = io::load_mha_weights(io::StateDict((d / "weights").string(), ""), H);
+        const LayerConfig &c = mw.config;
+        const LayerWeights lw = mw.view();
+        REQUIRE(c.embed_dim == E);
+        REQUIRE(c.resolved().kdim == kdim);
+        REQUIRE(c.resolved().vdim == vdim);
         // PyTorch's masks, True = not allowed, become ours, nonzero = may attend.
-        std::vector<uint8_t> allowed(static_cast<size_t>(B * Lq * Lk), 1);
-        bool any_mask = false;
-        if (fs::exists(d / "key_padding_mask.npy")) {
-            const auto kpm = io::to_bools("kpm", io::read_npy((d / "key_padding_mask.npy").string()), {B, Lk});
-            for (int64_t b = 0; b < B; ++b)
-                for (int64_t i = 0; i < Lq; ++i)
-                    for (int64_t j = 0; j < Lk; ++j)
-                        if (kpm[static_cast<size_t>(b * Lk + j)]) allowed[static_cast<size_t>((b * Lq + i) * Lk + j)] = 0;
-            any_mask = true;
-        }
+        std::vector<uint8_t> kpm;
+        if (fs::exists(d / "key_padding_mask.npy"))
+            kpm = io::to_bools("kpm", io::read_npy((d / "key_padding_mask.npy").string()), {B, Lk});
+        const io::Mask mask = io::from_torch_masks(B, Lq, Lk, kpm, {});
         const auto want = load_floats((d / "out.npy").string(), {B, Lq, E});
         const auto want_w = load_floats((d / "weights.npy").string(), {B, H, Lq, Lk});
         for (int threads : {1, 2}) {
@@ -356,10 +325,10 @@ TEST_CASE("layer matches PyTorch's nn.MultiheadAttention (tests/data/gen_layer_g
             p.q_len = Lq;
             p.kv_len = Lk;
             p.causal = causal;  // the golden attn_mask is the causal one
-            if (any_mask) {
-                p.mask = allowed.data();
-                p.mask_batch_stride = Lq * Lk;
-                p.mask_row_stride = Lk;
+            if (!mask.allowed.empty()) {
+                p.mask = mask.allowed.data();
+                p.mask_batch_stride = mask.batch_stride;
+                p.mask_row_stride = mask.row_stride;
             }
             std::vector<float> out(want.size()), weights(want_w.size());
             p.weights = weights.data();

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,55 +11,17 @@
 
 #include "cli_args.hpp"
 #include "io/npy.hpp"
-#include "io/safetensors.hpp"
+#include "io/torch_mha.hpp"
 #include "mha/layer.hpp"
 
 using namespace mha;
-namespace fs = std::filesystem;
 
 namespace {
 
-// A layer's state_dict tensors, from a directory of .npy files or a .safetensors file.
-class WeightSource {
-public:
-    WeightSource(const std::string &path, const std::string &prefix) : path_(path), prefix_(prefix) {
-        if (path.ends_with(".safetensors")) {
-            st_ = io::SafeTensors::read(path);
-        } else if (!fs::is_directory(path)) {
-            throw io::FileError(path + ": expected a directory of .npy files or a .safetensors file, found " +
-                                (fs::exists(path) ? "another kind of file" : "nothing (missing)"));
-        }
-    }
-    bool has(const std::string &key) const {
-        return st_ ? st_->contains(prefix_ + key) : fs::exists(fs::path(path_) / (key + ".npy"));
-    }
-    std::string where(const std::string &key) const {
-        return st_ ? path_ + " [" + prefix_ + key + "]" : (fs::path(path_) / (key + ".npy")).string();
-    }
-    // The tensor as float32 with this shape (-1 = any), or an error naming the file.
-    std::vector<float> floats(const std::string &key, const std::vector<int64_t> &shape) const {
-        if (!has(key)) throw io::FileError(where(key) + ": missing (expected " + describe(shape) + " float32)");
-        return io::to_floats(where(key), array(key), shape);
-    }
-    io::Array array(const std::string &key) const {
-        return st_ ? st_->get(prefix_ + key) : io::read_npy(where(key));
-    }
-    static std::string describe(const std::vector<int64_t> &shape) {
-        std::string s = "[";
-        for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
-        return s + "]";
-    }
-
-private:
-    std::string path_, prefix_;
-    std::optional<io::SafeTensors> st_;
-};
-
 struct Inputs {
-    int64_t B = 0, Lq = 0, Lk = 0, E = 0, kdim = 0, vdim = 0;
+    int64_t B = 0, Lq = 0, Lk = 0;
     std::vector<float> query, key, value;
-    std::vector<uint8_t> mask;  // ours: nonzero = may attend
-    int64_t mask_batch_stride = 0, mask_row_stride = 0;
+    io::Mask mask;
 };
 
 Inputs read_inputs(const cli::RunOptions &o, int64_t E, int64_t kdim, int64_t vdim) {
@@ -70,8 +31,6 @@ Inputs read_inputs(const cli::RunOptions &o, int64_t E, int64_t kdim, int64_t vd
     in.B = q.shape[0];
     in.Lq = q.shape[1];
     in.query = io::to_floats(o.query, q, {-1, -1, E});
-    in.kdim = kdim;
-    in.vdim = vdim;
     if (o.key.empty()) {
         if (kdim != E || vdim != E)
             throw io::FileError(o.weights + ": the weights take keys of width " + std::to_string(kdim) + " and values of width " +
@@ -87,71 +46,17 @@ Inputs read_inputs(const cli::RunOptions &o, int64_t E, int64_t kdim, int64_t vd
     std::vector<uint8_t> kpm, am;
     if (!o.key_padding_mask.empty()) kpm = io::to_bools(o.key_padding_mask, io::read_npy(o.key_padding_mask), {in.B, in.Lk});
     if (!o.attn_mask.empty()) am = io::to_bools(o.attn_mask, io::read_npy(o.attn_mask), {in.Lq, in.Lk});
-    // PyTorch's masks (nonzero = not allowed) become ours, in the most compact form that holds them.
-    if (!kpm.empty() && am.empty()) {
-        in.mask.resize(kpm.size());
-        for (size_t i = 0; i < kpm.size(); ++i) in.mask[i] = !kpm[i];
-        in.mask_batch_stride = in.Lk;
-    } else if (kpm.empty() && !am.empty()) {
-        in.mask.resize(am.size());
-        for (size_t i = 0; i < am.size(); ++i) in.mask[i] = !am[i];
-        in.mask_row_stride = in.Lk;
-    } else if (!kpm.empty()) {
-        in.mask.resize(static_cast<size_t>(in.B * in.Lq * in.Lk));
-        for (int64_t b = 0; b < in.B; ++b)
-            for (int64_t i = 0; i < in.Lq; ++i)
-                for (int64_t j = 0; j < in.Lk; ++j)
-                    in.mask[static_cast<size_t>((b * in.Lq + i) * in.Lk + j)] =
-                        !kpm[static_cast<size_t>(b * in.Lk + j)] && !am[static_cast<size_t>(i * in.Lk + j)];
-        in.mask_batch_stride = in.Lq * in.Lk;
-        in.mask_row_stride = in.Lk;
-    }
+    in.mask = io::from_torch_masks(in.B, in.Lq, in.Lk, kpm, am);
     return in;
 }
 
 int run(const cli::RunOptions &o) {
-    const WeightSource w(o.weights, o.prefix);
-    for (const char *unsupported : {"bias_k", "bias_v"})
-        if (w.has(unsupported))
-            throw io::FileError(w.where(unsupported) + ": add_bias_kv is not supported (expected no bias_k / bias_v)");
-    const io::Array ow = w.array("out_proj.weight");
-    if (ow.shape.size() != 2 || ow.shape[0] != ow.shape[1])
-        throw io::FileError(w.where("out_proj.weight") + ": expected shape [E, E], found " + ow.shape_str());
-    const int64_t E = ow.shape[0];
+    const io::MhaWeights w = io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads);
+    const LayerConfig &c = w.config;
+    const int64_t E = c.embed_dim;
     if (E % o.num_heads != 0)
         throw cli::UsageError("--num-heads " + std::to_string(o.num_heads) + " does not divide embed_dim " + std::to_string(E));
-    const auto out_w = io::to_floats(w.where("out_proj.weight"), ow, {E, E});
-    const auto out_b = w.has("out_proj.bias") ? w.floats("out_proj.bias", {E}) : std::vector<float>{};
-    const auto in_b = w.has("in_proj_bias") ? w.floats("in_proj_bias", {3 * E}) : std::vector<float>{};
-    LayerConfig c;
-    c.embed_dim = E;
-    c.num_heads = o.num_heads;
-    std::vector<float> in_w, qw, kw, vw;
-    LayerWeights lw;
-    if (w.has("in_proj_weight")) {
-        in_w = w.floats("in_proj_weight", {3 * E, E});
-        lw = LayerWeights::from_in_proj(c, in_w.data(), in_b.empty() ? nullptr : in_b.data(), out_w.data(),
-                                        out_b.empty() ? nullptr : out_b.data());
-    } else {
-        qw = w.floats("q_proj_weight", {E, E});
-        const io::Array ka = w.array("k_proj_weight"), va = w.array("v_proj_weight");
-        if (ka.shape.size() != 2 || va.shape.size() != 2)
-            throw io::FileError(w.where("k_proj_weight") + ": expected shape [E, kdim], found " + ka.shape_str());
-        c.kdim = ka.shape[1];
-        c.vdim = va.shape[1];
-        kw = io::to_floats(w.where("k_proj_weight"), ka, {E, c.kdim});
-        vw = io::to_floats(w.where("v_proj_weight"), va, {E, c.vdim});
-        lw.q_weight = qw.data();
-        lw.k_weight = kw.data();
-        lw.v_weight = vw.data();
-        lw.out_weight = out_w.data();
-        if (!in_b.empty()) {
-            lw.q_bias = in_b.data();
-            lw.k_bias = in_b.data() + E;
-            lw.v_bias = in_b.data() + 2 * E;
-        }
-        lw.out_bias = out_b.empty() ? nullptr : out_b.data();
-    }
+    const LayerWeights lw = w.view();
     const LayerConfig rc = c.resolved();
     const Inputs in = read_inputs(o, E, rc.kdim, rc.vdim);
 
@@ -162,10 +67,10 @@ int run(const cli::RunOptions &o) {
     p.q_len = in.Lq;
     p.kv_len = in.Lk;
     p.causal = o.causal;
-    if (!in.mask.empty()) {
-        p.mask = in.mask.data();
-        p.mask_batch_stride = in.mask_batch_stride;
-        p.mask_row_stride = in.mask_row_stride;
+    if (!in.mask.allowed.empty()) {
+        p.mask = in.mask.allowed.data();
+        p.mask_batch_stride = in.mask.batch_stride;
+        p.mask_row_stride = in.mask.row_stride;
     }
     std::vector<float> out(static_cast<size_t>(in.B * in.Lq * E));
     std::vector<float> weights(o.attn_weights.empty() ? 0 : static_cast<size_t>(in.B * o.num_heads * in.Lq * in.Lk));

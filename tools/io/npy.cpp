@@ -57,7 +57,7 @@ std::vector<int64_t> parse_shape(const std::string &name, const std::string &tex
 
 std::string shape_str(const std::vector<int64_t> &shape) {
     std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
     return s + "]";
 }
 
@@ -132,12 +132,7 @@ namespace {
 void check_shape(const std::string &name, const Array &a, const std::vector<int64_t> &shape) {
     bool ok = a.shape.size() == shape.size();
     for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == a.shape[i];
-    if (!ok) {
-        std::string want = "[";
-        for (size_t i = 0; i < shape.size(); ++i)
-            want += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
-        fail(name, "expected shape " + want + "], found " + a.shape_str());
-    }
+    if (!ok) fail(name, "expected shape " + shape_str(shape) + ", found " + a.shape_str());
 }
 
 } // namespace

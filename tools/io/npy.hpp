@@ -40,6 +40,6 @@ std::vector<uint8_t> to_bools(const std::string &name, const Array &a, const std
 // never leaves a partial file at path.
 void write_npy(const std::string &path, const std::vector<int64_t> &shape, const float *data);
 
-std::string shape_str(const std::vector<int64_t> &shape);
+std::string shape_str(const std::vector<int64_t> &shape);  // "[2, 3]"; -1 (any size) prints as "*"
 
 } // namespace mha::io
