@@ -62,8 +62,8 @@ int64_t parse_int(const std::string &flag, const std::string &v, int64_t lo, int
     return x;
 }
 
-// Walks args: flags without a value call `flag`, flags with one call `valued`; both return false
-// for an unknown flag.
+// Walks args: a flag without a value calls its entry in `flags`, a flag with one its entry in
+// `valued`; an unknown, repeated or value-less flag throws UsageError.
 void walk(const std::vector<std::string> &args, const std::map<std::string, std::function<void()>> &flags,
           const std::map<std::string, std::function<void(const std::string &)>> &valued) {
     std::map<std::string, int> seen;

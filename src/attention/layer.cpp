@@ -234,23 +234,22 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     float *os = qs + q_floats + kv_floats;
     attention_validate(ap, qs, ks, vs, os);  // the masks and valid lengths, before anything is written
 
-    auto project = [&](const Projection &pr, int64_t n, int64_t tokens, const float *x, int64_t in, float *y,
-                       int64_t ldy) {
-        gemm::sgemm_prepacked(st, tokens, n, x, in, *pr.packed, pr.j0, pr.bias, y, ldy);
+    auto project = [&](const Projection &pr, int64_t tokens, const float *x, int64_t in, float *y, int64_t ldy) {
+        gemm::sgemm_prepacked(st, tokens, pr.n, x, in, *pr.packed, pr.j0, pr.bias, y, ldy);
     };
     if (one_gemm) {
         // Q, K and V in one GEMM: every column of the fused matrix, the gaps between parts included.
-        project({&m.qkv, 0, m.qkv_width, m.qkv_bias.empty() ? nullptr : m.qkv_bias.data()}, m.v_off + m.nv, q_tokens,
-                query, c.embed_dim, qs, q_ld);
+        project({&m.qkv, 0, m.v_off + m.nv, m.qkv_bias.empty() ? nullptr : m.qkv_bias.data()}, q_tokens, query,
+                c.embed_dim, qs, q_ld);
     } else {
-        project(m.q_proj, m.nq, q_tokens, query, c.embed_dim, qs, q_ld);
+        project(m.q_proj, q_tokens, query, c.embed_dim, qs, q_ld);
         if (kv_tokens) {
-            project(m.k_proj, m.nk, kv_tokens, key, c.kdim, ks, kv_ld);
-            project(m.v_proj, m.nv, kv_tokens, value, c.vdim, vs, kv_ld);
+            project(m.k_proj, kv_tokens, key, c.kdim, ks, kv_ld);
+            project(m.v_proj, kv_tokens, value, c.vdim, vs, kv_ld);
         }
     }
     attention(rt, ap, qs, ks, vs, os);
-    project(m.out_proj, c.embed_dim, q_tokens, os, Hq, out, c.embed_dim);
+    project(m.out_proj, q_tokens, os, Hq, out, c.embed_dim);
 }
 
 } // namespace mha
