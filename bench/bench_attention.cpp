@@ -1,13 +1,13 @@
 // Fused attention beside two unfused compositions on oneDNN's sgemm (the full Lq x Lk matrix, as
 // PyTorch does it, and 256-row blocks that skip the keys past a causal diagonal), and decode
 // (one query, long KV cache) against the machine's read bandwidth.
-#include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <map>
 #include <memory>
 
 #include "bench/bench_support.hpp"
+#include "bench/register.hpp"
 #include "mha/attention.hpp"
 
 using namespace mha;
@@ -69,19 +69,13 @@ int main(int argc, char **argv) {
                 impls.push_back({"onednn_blocked", Impl::blocked});
                 if (s.len <= 4096) impls.push_back({"onednn_full", Impl::full});
             }
-            for (auto [name, impl] : impls) {
-                const std::string id = std::string("attention/") + name + "/" + s.str() + "/threads:" + std::to_string(threads);
-                benchmark::RegisterBenchmark(id.c_str(), [s, threads, impl = impl](benchmark::State &st) {
-                    run(st, s, threads, impl);
-                })->UseRealTime()->Unit(benchmark::kMillisecond);
-            }
+            bench::register_impls("attention", s.str(), threads, impls,
+                                  [s, threads](benchmark::State &st, Impl impl) { run(st, s, threads, impl); });
         }
     for (const auto &s : bench::decode_shapes())
         for (int threads : {1, 2}) {
-            const std::string id = "decode/mha/" + s.str() + "/threads:" + std::to_string(threads);
-            benchmark::RegisterBenchmark(id.c_str(), [s, threads](benchmark::State &st) { run_decode(st, s, threads); })
-                ->UseRealTime()
-                ->Unit(benchmark::kMillisecond);
+            bench::register_impls("decode", s.str(), threads, std::vector<std::pair<const char *, int>>{{"mha", 0}},
+                                  [s, threads](benchmark::State &st, int) { run_decode(st, s, threads); });
         }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();

@@ -1,12 +1,12 @@
 // GEMM throughput: mha beside oneDNN's dnnl_sgemm and OpenBLAS's cblas_sgemm on the same shapes and
 // thread counts, each reported as GFLOP/s and as a fraction of the FMA peak measured here.
-#include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <map>
 #include <memory>
 
 #include "bench/bench_support.hpp"
+#include "bench/register.hpp"
 #include "mha/gemm.hpp"
 
 using namespace mha;
@@ -65,12 +65,8 @@ int main(int argc, char **argv) {
             std::vector<std::pair<const char *, Impl>> impls = {{"mha", Impl::mha}};
             if (bench::has_dnnl()) impls.push_back({"onednn", Impl::onednn});
             if (bench::has_openblas()) impls.push_back({"openblas", Impl::openblas});
-            for (auto [name, impl] : impls) {
-                const std::string id = std::string("gemm/") + name + "/" + s.str() + "/threads:" + std::to_string(threads);
-                benchmark::RegisterBenchmark(id.c_str(), [s, threads, impl = impl](benchmark::State &st) {
-                    run(st, s, threads, impl);
-                })->UseRealTime()->Unit(benchmark::kMillisecond);
-            }
+            bench::register_impls("gemm", s.str(), threads, impls,
+                                  [s, threads](benchmark::State &st, Impl impl) { run(st, s, threads, impl); });
         }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();

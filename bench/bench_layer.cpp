@@ -1,12 +1,12 @@
 // The multi-head attention layer (E 512, H 8, self-attention) beside the same layer composed from
 // oneDNN's sgemm, with its attention step alone to show the split of the time. PyTorch's
 // nn.MultiheadAttention, timed by bench/torch_layer.py, is printed in the header.
-#include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <map>
 
 #include "bench/layer_fixture.hpp"
+#include "bench/register.hpp"
 
 using namespace mha;
 
@@ -50,12 +50,8 @@ int main(int argc, char **argv) {
         for (int threads : {1, 2}) {
             std::vector<std::pair<const char *, Impl>> impls = {{"mha", Impl::mha}, {"mha_attention_part", Impl::attention_part}};
             if (bench::has_dnnl()) impls.push_back({"onednn", Impl::onednn});
-            for (auto [name, impl] : impls) {
-                const std::string id = std::string("layer/") + name + "/" + s.str() + "/threads:" + std::to_string(threads);
-                benchmark::RegisterBenchmark(id.c_str(), [s, threads, impl = impl](benchmark::State &st) {
-                    run(st, s, threads, impl);
-                })->UseRealTime()->Unit(benchmark::kMillisecond);
-            }
+            bench::register_impls("layer", s.str(), threads, impls,
+                                  [s, threads](benchmark::State &st, Impl impl) { run(st, s, threads, impl); });
         }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();

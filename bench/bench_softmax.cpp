@@ -1,11 +1,11 @@
 // Softmax throughput in Gelem/s: mha beside the plain scalar loop and oneDNN's softmax primitive,
 // on the same shapes and thread counts.
-#include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <memory>
 
 #include "bench/bench_support.hpp"
+#include "bench/register.hpp"
 #include "mha/softmax.hpp"
 
 using namespace mha;
@@ -44,12 +44,9 @@ int main(int argc, char **argv) {
             std::vector<std::pair<const char *, Impl>> impls = {{"mha", Impl::mha}};
             if (threads == 1) impls.push_back({"scalar", Impl::scalar});
             if (bench::has_dnnl()) impls.push_back({"onednn", Impl::onednn});
-            for (auto [name, impl] : impls) {
-                const std::string id = std::string("softmax/") + name + "/" + s.str() + "/threads:" + std::to_string(threads);
-                benchmark::RegisterBenchmark(id.c_str(), [s, threads, impl = impl](benchmark::State &st) {
-                    run(st, s, threads, impl);
-                })->UseRealTime();
-            }
+            bench::register_impls("softmax", s.str(), threads, impls,
+                                  [s, threads](benchmark::State &st, Impl impl) { run(st, s, threads, impl); },
+                                  benchmark::kNanosecond);
         }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
