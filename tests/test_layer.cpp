@@ -111,6 +111,20 @@ void check_close(const A &got, const B &want, double tol, const char *what) {
     CHECK(worst <= tol);
 }
 
+// Self-attention of B random sequences of L tokens through a layer with these weights, against the
+// reference layer.
+void check_self_attention(Runtime &rt, const LayerConfig &c, const LayerWeights &lw, int64_t B, int64_t L,
+                          uint32_t seed) {
+    Layer layer(rt, c, lw);
+    const auto x = random_floats(static_cast<size_t>(B * L * c.embed_dim), seed);
+    LayerForward p;
+    p.batch = B;
+    p.q_len = p.kv_len = L;
+    std::vector<float> out(x.size());
+    layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
+    check_close(out, reference_layer(c, lw, p, x.data(), x.data(), x.data()), 3e-5, "out");
+}
+
 struct Case {
     const char *name;
     LayerConfig config;
@@ -234,14 +248,7 @@ TEST_CASE("layer: a projection with only some biases") {
     const Weights w = random_weights(c, 3);
     for (int variant = 0; variant < 4; ++variant) {
         const LayerWeights lw = w.view(variant == 0, variant == 1, variant == 2, variant == 3);
-        Layer layer(rt, c, lw);
-        const auto x = random_floats(2 * 5 * 32, 5);
-        LayerForward p;
-        p.batch = 2;
-        p.q_len = p.kv_len = 5;
-        std::vector<float> out(x.size());
-        layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
-        check_close(out, reference_layer(c, lw, p, x.data(), x.data(), x.data()), 3e-5, "out");
+        check_self_attention(rt, c, lw, 2, 5, 5);
     }
 }
 
@@ -255,14 +262,7 @@ TEST_CASE("layer: PyTorch's packed in_proj_weight") {
     const LayerWeights lw = LayerWeights::from_in_proj(c, in_w.data(), in_b.data(), out_w.data(), out_b.data());
     CHECK(lw.k_weight == in_w.data() + 256);
     CHECK(lw.v_bias == in_b.data() + 32);
-    Layer layer(rt, c, lw);
-    const auto x = random_floats(3 * 16, 9);
-    LayerForward p;
-    p.batch = 1;
-    p.q_len = p.kv_len = 3;
-    std::vector<float> out(x.size());
-    layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
-    check_close(out, reference_layer(c, lw, p, x.data(), x.data(), x.data()), 3e-5, "out");
+    check_self_attention(rt, c, lw, 1, 3, 9);
     LayerConfig gqa = c;
     gqa.num_kv_heads = 1;
     CHECK_THROWS_AS(LayerWeights::from_in_proj(gqa, in_w.data(), nullptr, out_w.data(), nullptr), Error);
