@@ -41,7 +41,8 @@ struct Layer::Impl {
     int64_t nq = 0, nk = 0, nv = 0;  // output widths of the Q, K and V projections
     // With kdim = vdim = E the three input projections are one matrix, each starting on a panel
     // boundary (q at 0, k at k_off, v at v_off), so self-attention runs them as one GEMM and
-    // cross-attention runs each on its own columns. Otherwise each has its own matrix.
+    // cross-attention runs each on its own columns. Otherwise each has its own matrix, and the
+    // offsets only place their biases in qkv_bias.
     bool fused = false;
     int64_t k_off = 0, v_off = 0, qkv_width = 0;
     gemm::PackedB qkv, k_alone, v_alone, out;
@@ -116,39 +117,35 @@ Layer::Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &w) : im
 
     // A weight W [n, in] is B = W^T to the GEMM: element (p, j) = W[j * in + p].
     auto pack = [&](const float *weight, int64_t n, int64_t in) { return gemm::pack_b(st, in, n, weight, 1, in); };
+    // Where K's and V's columns start: on panel boundaries of the one fused matrix, or one after the
+    // other in the bias vector when each projection has its own matrix.
+    m.k_off = m.fused ? round_up(m.nq, NR) : m.nq;
+    m.v_off = m.k_off + (m.fused ? round_up(m.nk, NR) : m.nk);
+    m.qkv_width = m.v_off + (m.fused ? round_up(m.nv, NR) : m.nv);
     if (m.fused) {
-        m.k_off = round_up(m.nq, NR);
-        m.v_off = m.k_off + round_up(m.nk, NR);
-        m.qkv_width = m.v_off + round_up(m.nv, NR);
         std::vector<float> stacked(static_cast<size_t>(m.qkv_width * E), 0.0f);  // zero rows between parts
         std::copy(w.q_weight, w.q_weight + m.nq * E, stacked.begin());
         std::copy(w.k_weight, w.k_weight + m.nk * E, stacked.begin() + m.k_off * E);
         std::copy(w.v_weight, w.v_weight + m.nv * E, stacked.begin() + m.v_off * E);
         m.qkv = pack(stacked.data(), m.qkv_width, E);
-        if (w.q_bias || w.k_bias || w.v_bias) {
-            m.qkv_bias.assign(static_cast<size_t>(m.qkv_width), 0.0f);
-            if (w.q_bias) std::copy(w.q_bias, w.q_bias + m.nq, m.qkv_bias.begin());
-            if (w.k_bias) std::copy(w.k_bias, w.k_bias + m.nk, m.qkv_bias.begin() + m.k_off);
-            if (w.v_bias) std::copy(w.v_bias, w.v_bias + m.nv, m.qkv_bias.begin() + m.v_off);
-        }
-        const float *b = m.qkv_bias.empty() ? nullptr : m.qkv_bias.data();
-        m.q_proj = {&m.qkv, 0, m.nq, w.q_bias ? b : nullptr};
-        m.k_proj = {&m.qkv, m.k_off, m.nk, w.k_bias ? b + m.k_off : nullptr};
-        m.v_proj = {&m.qkv, m.v_off, m.nv, w.v_bias ? b + m.v_off : nullptr};
     } else {
         m.qkv = pack(w.q_weight, m.nq, E);
         m.k_alone = pack(w.k_weight, m.nk, c.kdim);
         m.v_alone = pack(w.v_weight, m.nv, c.vdim);
-        // One bias vector for the three, each part starting where its projection's columns do.
-        m.qkv_bias.assign(static_cast<size_t>(m.nq + m.nk + m.nv), 0.0f);
-        if (w.q_bias) std::copy(w.q_bias, w.q_bias + m.nq, m.qkv_bias.begin());
-        if (w.k_bias) std::copy(w.k_bias, w.k_bias + m.nk, m.qkv_bias.begin() + m.nq);
-        if (w.v_bias) std::copy(w.v_bias, w.v_bias + m.nv, m.qkv_bias.begin() + m.nq + m.nk);
-        const float *b = m.qkv_bias.data();
-        m.q_proj = {&m.qkv, 0, m.nq, w.q_bias ? b : nullptr};
-        m.k_proj = {&m.k_alone, 0, m.nk, w.k_bias ? b + m.nq : nullptr};
-        m.v_proj = {&m.v_alone, 0, m.nv, w.v_bias ? b + m.nq + m.nk : nullptr};
     }
+    // One bias vector for the three, zero where a projection has none.
+    if (w.q_bias || w.k_bias || w.v_bias) {
+        m.qkv_bias.assign(static_cast<size_t>(m.qkv_width), 0.0f);
+        if (w.q_bias) std::copy(w.q_bias, w.q_bias + m.nq, m.qkv_bias.begin());
+        if (w.k_bias) std::copy(w.k_bias, w.k_bias + m.nk, m.qkv_bias.begin() + m.k_off);
+        if (w.v_bias) std::copy(w.v_bias, w.v_bias + m.nv, m.qkv_bias.begin() + m.v_off);
+    }
+    const float *b = m.qkv_bias.data();
+    m.q_proj = {&m.qkv, 0, m.nq, w.q_bias ? b : nullptr};
+    m.k_proj = m.fused ? Projection{&m.qkv, m.k_off, m.nk, nullptr} : Projection{&m.k_alone, 0, m.nk, nullptr};
+    m.v_proj = m.fused ? Projection{&m.qkv, m.v_off, m.nv, nullptr} : Projection{&m.v_alone, 0, m.nv, nullptr};
+    if (w.k_bias) m.k_proj.bias = b + m.k_off;
+    if (w.v_bias) m.v_proj.bias = b + m.v_off;
     m.out = pack(w.out_weight, E, c.num_heads * c.value_dim);
     if (w.out_bias) m.out_bias.assign(w.out_bias, w.out_bias + E);
     m.out_proj = {&m.out, 0, E, w.out_bias ? m.out_bias.data() : nullptr};
