@@ -136,7 +136,8 @@ const std::vector<LayerShape> &layer_shapes() {
 }
 
 void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w_in, const float *b_in,
-                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch) {
+                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch,
+                std::vector<float> &scores) {
     const int64_t T = s.batch * s.len, E = s.embed;
     scratch.resize(static_cast<size_t>(4 * T * E));
     float *q = scratch.data(), *k = q + T * E, *v = k + T * E, *o = v + T * E;
@@ -148,7 +149,6 @@ void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w
     linear(x, w_in, b_in, q);
     linear(x, w_in + E * E, b_in + E, k);
     linear(x, w_in + 2 * E * E, b_in + 2 * E, v);
-    static thread_local std::vector<float> scores;
     dnnl_attention(threads, 256, s.batch, s.len, s.heads, E / s.heads, false, q, k, v, o, scores);
     linear(o, w_out, b_out, out);
 }

@@ -80,8 +80,10 @@ const std::vector<LayerShape> &layer_shapes();
 // The layer composed from oneDNN pieces the way PyTorch composes it: Q, K and V by dnnl_sgemm with
 // W^T plus a bias loop, the blocked dnnl_attention, the output projection likewise. w_in is
 // in_proj_weight [3E, E], b_in [3E], w_out [E, E], b_out [E]; x and out are [B, L, E].
+// scratch and scores are the caller's buffers, grown as needed.
 void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w_in, const float *b_in,
-                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch);
+                const float *w_out, const float *b_out, float *out, std::vector<float> &scratch,
+                std::vector<float> &scores);
 
 // Median ms of PyTorch's nn.MultiheadAttention for each shape, on `threads` threads, from
 // bench/torch_layer.py run by /usr/bin/python3 (MHA_TORCH_SCRIPT overrides the script's path).

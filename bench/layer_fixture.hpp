@@ -13,7 +13,7 @@ namespace mha::bench {
 
 struct LayerFixture {
     LayerShape shape;
-    std::vector<float> w_in, b_in, w_out, b_out, x, out, q, k, v, o, scratch;
+    std::vector<float> w_in, b_in, w_out, b_out, x, out, q, k, v, o, scratch, scores;
     std::unique_ptr<Layer> layer;
     LayerForward forward_params;
     AttentionParams attention_params;
@@ -50,7 +50,8 @@ struct LayerFixture {
     // The attention step of the same forward pass alone (its share of the time).
     void attention_only(Runtime &rt) { attention(rt, attention_params, q.data(), k.data(), v.data(), o.data()); }
     void onednn(int threads) {
-        dnnl_layer(threads, shape, x.data(), w_in.data(), b_in.data(), w_out.data(), b_out.data(), out.data(), scratch);
+        dnnl_layer(threads, shape, x.data(), w_in.data(), b_in.data(), w_out.data(), b_out.data(), out.data(), scratch,
+                   scores);
     }
 };
 

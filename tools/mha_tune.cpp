@@ -149,7 +149,7 @@ void progress(int done, int total, const std::string &what) {
 
 // Times each candidate against the defaults on the shapes of its phase.
 void search(const std::string &phase, const std::vector<TileConfig> &candidates, const std::vector<Shape> &shapes,
-            bool want_gemm, const RuntimeOptions &base, const TileConfig &def, double budget,
+            const RuntimeOptions &base, const TileConfig &def, double budget,
             std::vector<Measured> &all, int &done, int total) {
     Runtime def_rt([&] { RuntimeOptions o = base; o.tiles = def; return o; }());
     for (const auto &t : candidates) {
@@ -160,7 +160,7 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
         double log_sum = 0;
         int n = 0;
         for (const auto &s : shapes) {
-            if (s.gemm != want_gemm) continue;
+            if (s.gemm != (phase == "gemm")) continue;
             const auto times = bench::time_interleaved({[&] { s.run(rt); }, [&] { s.run(def_rt); }}, budget);
             m.ms.push_back(times[0] * 1e3);
             m.default_ms.push_back(times[1] * 1e3);
@@ -204,12 +204,12 @@ int tune(const cli::TuneOptions &o) {
     const int total_guess = static_cast<int>(gc.size() + limit(attention_candidates(caches, def, o.quick)).size());
     std::vector<Measured> all;
     int done = 0;
-    search("gemm", gc, shapes, true, base, def, budget, all, done, total_guess);
+    search("gemm", gc, shapes, base, def, budget, all, done, total_guess);
     const auto best_gemm = std::max_element(all.begin(), all.end(), [](auto &a, auto &b) { return a.score < b.score; });
     TileConfig best = best_gemm->score > kMinGain ? best_gemm->tiles : def;
     const auto ac = limit(attention_candidates(caches, best, o.quick));
     const size_t first_attn = all.size();
-    search("attention", ac, shapes, false, base, def, budget, all, done, static_cast<int>(gc.size() + ac.size()));
+    search("attention", ac, shapes, base, def, budget, all, done, static_cast<int>(gc.size() + ac.size()));
     const auto best_attn = std::max_element(all.begin() + static_cast<std::ptrdiff_t>(first_attn), all.end(),
                                             [](auto &a, auto &b) { return a.score < b.score; });
     if (best_attn != all.end() && best_attn->score > kMinGain) {
