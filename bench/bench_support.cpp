@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #ifdef MHA_HAVE_DNNL
 #include <dnnl.h>
 #include <omp.h>
@@ -175,15 +177,15 @@ std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &s
     char buf[4096];
     for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
     const int rc = pclose(pipe);
+    // The script prints one JSON object: {"torch": ..., "threads": N, "ms": {"<shape>": ms, ...}}.
+    const auto j = nlohmann::json::parse(text, nullptr, false);
     std::vector<double> ms;
     for (const auto &s : shapes) {
-        const std::string key = "\"" + s.torch_str() + "\": ";
-        const size_t at = text.find(key);
-        if (rc != 0 || at == std::string::npos) {
+        if (rc != 0 || j.is_discarded() || !j.contains("ms") || !j["ms"].contains(s.torch_str())) {
             *why = "PyTorch not available (python3-torch missing?)";
             return {};
         }
-        ms.push_back(std::strtod(text.c_str() + at + key.size(), nullptr));
+        ms.push_back(j["ms"][s.torch_str()].get<double>());
     }
     return ms;
 }
