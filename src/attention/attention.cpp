@@ -117,18 +117,22 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     // at least two (batch, KV head) strips per thread, an item is a whole strip, which packs each K
     // and V tile once for all its query blocks (if the strip's packed K and V fit in 8 MiB);
     // otherwise an item is one query block. Each row is computed the same way in both.
+    // Few rows per KV head (decode): the direct path, whose items take every KV head together and
+    // whose tiles are kDirectKeys tokens (see attention_shape.hpp).
+    s.direct = s.group() * s.block_q <= attention_detail::kDirectRows;
+    if (s.direct) s.block_k = attention_detail::kDirectKeys;
     const int64_t T = st.num_threads, bk = s.block_k;
     const int64_t cache_bytes = (s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
     // (A strip of one query block, as in decode, has nothing to reuse: packing into one small
     // buffer then keeps the tiles in cache.)
-    s.cache_kv = s.q_len > s.block_q && s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
+    s.cache_kv = !s.direct && s.q_len > s.block_q && s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
     const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;
     for (int64_t b = 0; b < s.batch; ++b)
-        for (int64_t g = 0; g < s.kv_heads; ++g)
+        for (int64_t g = 0; g < s.kv_heads; g += s.item_kv_heads())
             for (int64_t i0 = 0; i0 < s.q_len; i0 += item_rows) {
-                const Item it{b, g, i0, std::min(s.q_len, i0 + item_rows)};
+                const Item it{b, g, i0, std::min(s.q_len, i0 + item_rows), s.item_kv_heads()};
                 int64_t c = 0;
                 for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(b, i) + 1;
                 items.push_back(it);
@@ -157,14 +161,16 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
         });
     };
 
-    if (static_cast<int64_t>(items.size()) >= T) {
+    // Direct items always split their keys: with all KV heads in one item there are as few items
+    // as sequences, too few to balance two threads unless each is cut into chunks.
+    if (static_cast<int64_t>(items.size()) >= T && !s.direct) {
         auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T));
         run_tasks(static_cast<int64_t>(items.size()), scratch.data(), [&](int64_t n, float *w) {
             ak.item(s, q, k, v, out, items[order[static_cast<size_t>(n)]], w);
         });
         return;
     }
-    // Fewer items than threads (decode): split each item's keys into its fixed chunks, compute the
+    // Fewer items than threads, or direct items: split each item's keys into its fixed chunks, compute the
     // chunks' states on any thread, then merge each item's chunks in order.
     struct Task {
         size_t item;
@@ -177,7 +183,7 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     for (size_t n = 0; n < items.size(); ++n) {
         const Item &it = items[order[n]];
         const int64_t end = s.key_end(it.b, it.i0, it.i1);
-        const int64_t per_state = s.group() * (it.i1 - it.i0) * (2 + s.value_dim);
+        const int64_t per_state = it.rows(s) * (2 + s.value_dim);
         chunks[n] = (end + s.kv_chunk - 1) / s.kv_chunk;
         first_state[n] = state_floats;
         for (int64_t c = 0; c < chunks[n]; ++c) tasks.push_back({n, c, state_floats + c * per_state});

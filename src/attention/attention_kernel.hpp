@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "attention/attention_shape.hpp"
+#include "attention/direct_tiles.hpp"
 #include "gemm/sgemm_macro.hpp"
 #include "softmax/softmax_kernels.hpp"
 
@@ -31,7 +32,7 @@ struct ItemScratch {
     float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc;
     static constexpr int kParts = 11;
     static int64_t sizes(const Shape &s, int mr, int nr, int64_t out[kParts]) {
-        const int64_t M = s.group() * s.block_q, Mp = round_up_to(M, mr), BK = s.block_k;
+        const int64_t M = s.item_kv_heads() * s.group() * s.block_q, Mp = round_up_to(M, mr), BK = s.block_k;
         out[0] = M * s.head_dim;                       // q_rows: scaled Q rows, row-major
         out[1] = Mp * s.head_dim;                      // q_packed: MR-row panels
         const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
@@ -113,10 +114,10 @@ struct FusedAttention {
     // How many keys of the tile [j0, j0 + n) any row of the register panel starting at row r0 may
     // see. Past it a panel's scores are never computed and its P is zero, so the products skip
     // it: on causal diagonals that is most of the triangle.
-    static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t M, int64_t r0, int64_t j0,
+    static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t j0,
                               int64_t n) {
         int64_t lim = 0;
-        for (int64_t r = r0; r < std::min(M, r0 + MR); ++r)
+        for (int64_t r = r0; r < r1; ++r)
             lim = std::max(lim, s.key_limit(it.b, it.i0 + r % rows_per_head) - j0);
         return std::min(lim, n);
     }
@@ -124,14 +125,31 @@ struct FusedAttention {
     // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked.
     static void scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0,
                        int64_t n, const ItemScratch &w, KVTiles &kv) {
+        if (s.direct) {
+            // Per KV head: its G x rows_per_head rows against its K rows. Every head's rows see
+            // the same keys.
+            const int64_t D = s.head_dim, Mg = s.group() * rows_per_head;
+            const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
+            for (int64_t h = 0; h < it.kv_heads; ++h)
+                DirectTiles<Arch>::scores(Mg, cols, D, w.q_rows + h * Mg * D,
+                                          k + (it.b * s.kv_len + j0) * s.ldk + (it.g + h) * D, s.ldk,
+                                          w.s + h * Mg * s.block_k, s.block_k);
+            mask_rows(s, it, M, rows_per_head, j0, n, w);
+            return;
+        }
         const float *kp = kv.k(s, k, it, j0, n, w);
         for (int64_t r0 = 0; r0 < M; r0 += MR) {
-            const int64_t cols = panel_keys(s, it, rows_per_head, M, r0, j0, n);
+            const int64_t cols = panel_keys(s, it, rows_per_head, r0, std::min(M, r0 + MR), j0, n);
             if (cols > 0)
                 gemm::sgemm_macro_packed<Arch, MR, NV>(std::min<int64_t>(MR, M - r0), cols, s.head_dim,
                                                        w.q_packed + r0 * s.head_dim, kp, w.s + r0 * s.block_k,
                                                        s.block_k, 1.0f, 0.0f);
         }
+        mask_rows(s, it, M, rows_per_head, j0, n, w);
+    }
+
+    static void mask_rows(const Shape &s, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0, int64_t n,
+                          const ItemScratch &w) {
         for (int64_t r = 0; r < M; ++r)
             apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
     }
@@ -139,13 +157,13 @@ struct FusedAttention {
     // Scaled Q rows of the group's heads, stacked head by head, then packed once.
     static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
-        for (int64_t hh = 0; hh < G; ++hh)
+        for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
                 const float *src = q + (it.b * s.q_len + i) * s.ldq + (it.g * G + hh) * D;
                 float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
-        gemm::pack_panels<Arch, MR>(G * rows_per_head, D, w.q_rows, D, 1, w.q_packed);
+        if (!s.direct) gemm::pack_panels<Arch, MR>(G * rows_per_head, D, w.q_rows, D, 1, w.q_packed);
     }
 
     // Keys [0, key_end) are all that any row of the item can see: past the valid length, or
@@ -164,15 +182,24 @@ struct FusedAttention {
     // keys over threads gives the same bits as one thread walking them.
     static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
-        const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = s.group() * rows_per_head;
+        const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         start(M, Dv, m, l, acc);
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
             scores(s, k, it, M, rows_per_head, j0, n, w, kv);
             Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
+            if (s.direct) {
+                const int64_t Mg = s.group() * rows_per_head;
+                const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
+                for (int64_t h = 0; h < it.kv_heads; ++h)
+                    DirectTiles<Arch>::accumulate(Mg, cols, Dv, w.s + h * Mg * s.block_k, s.block_k,
+                                                  v + (it.b * s.kv_len + j0) * s.ldv + (it.g + h) * Dv, s.ldv,
+                                                  acc + h * Mg * Dv);
+                continue;
+            }
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
             for (int64_t r0 = 0; r0 < M; r0 += MR) {
-                const int64_t cols = panel_keys(s, it, rows_per_head, M, r0, j0, n);
+                const int64_t cols = panel_keys(s, it, rows_per_head, r0, std::min(M, r0 + MR), j0, n);
                 if (cols > 0)
                     gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{std::min<int64_t>(MR, M - r0), Dv, cols, 0,
                                                                       (Dv + NR - 1) / NR, w.s + r0 * s.block_k,
@@ -200,7 +227,7 @@ struct FusedAttention {
 
     // Divides by the sums, scatters the rows to out and, if asked, writes the weights.
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
-        const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = G * rows_per_head;
+        const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         Rows::online_finish(M, w.l, w.acc, Dv, Dv);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
@@ -220,8 +247,8 @@ struct FusedAttention {
         KVTiles kv;
         kv.end = key_end(s, strip);
         for (int64_t i0 = strip.i0; i0 < strip.i1; i0 += s.block_q) {
-            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q)};
-            const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it);
+            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q), strip.kv_heads};
+            const int64_t M = it.rows(s), end = key_end(s, it);
             pack_q(s, q, it, w);
             start(M, s.value_dim, w.m, w.l, w.acc);
             for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
@@ -236,7 +263,7 @@ struct FusedAttention {
     static void run_chunk(const Shape &s, const float *q, const float *k, const float *v, const Item &it,
                           int64_t chunk_index, float *state, float *scratch) {
         const ItemScratch w(s, MR, NR, scratch);
-        const int64_t M = s.group() * (it.i1 - it.i0), end = key_end(s, it), c0 = chunk_index * s.kv_chunk;
+        const int64_t M = it.rows(s), end = key_end(s, it), c0 = chunk_index * s.kv_chunk;
         pack_q(s, q, it, w);
         KVTiles kv;
         chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, kv, state, state + M, state + 2 * M);
@@ -246,7 +273,7 @@ struct FusedAttention {
     static void run_merge(const Shape &s, const float *q, const float *k, float *out, const Item &it,
                           int64_t chunks, const float *states, float *scratch) {
         const ItemScratch w(s, MR, NR, scratch);
-        const int64_t M = s.group() * (it.i1 - it.i0), Dv = s.value_dim, per = M * (2 + Dv);
+        const int64_t M = it.rows(s), Dv = s.value_dim, per = M * (2 + Dv);
         start(M, Dv, w.m, w.l, w.acc);
         for (int64_t c = 0; c < chunks; ++c) {
             const float *st = states + c * per;

@@ -21,8 +21,12 @@ struct Shape {
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
     int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
     bool cache_kv = false;      // items are strips that keep every packed K/V tile (see the scheduler)
+    bool direct = false;        // items have few rows and take K and V in place (DirectTiles), all KV heads at once
     int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
     int64_t group() const { return heads / kv_heads; }
+    // KV heads per item: one, or on the direct path all of them, so that a key tile's rows are
+    // read whole (the heads of a token lie side by side) rather than a slice of each.
+    int64_t item_kv_heads() const { return direct ? kv_heads : 1; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {
         int64_t lim = kv_len;
@@ -38,11 +42,23 @@ struct Shape {
     }
 };
 
-// One work item: query rows [i0, i1) of every head that shares KV head g, in batch b; one query
-// block, or (with Shape::cache_kv) a strip of them.
+// One work item: query rows [i0, i1) of every head that shares KV heads [g, g + kv_heads), in
+// batch b; one query block, or (with Shape::cache_kv) a strip of them. Its rows are stacked head
+// by head: row r is query i0 + r % (i1 - i0) of head g * group + r / (i1 - i0).
 struct Item {
     int64_t b, g, i0, i1;
+    int64_t kv_heads = 1;
+    int64_t rows(const Shape &s) const { return kv_heads * s.group() * (i1 - i0); }
 };
+
+// Items whose KV head has at most this many rows (G heads x query rows: decode) take the direct
+// path; see DirectTiles.
+inline constexpr int64_t kDirectRows = 8;
+// Keys per tile on the direct path. Each tile reads the rows of tile-many tokens whole, K then V;
+// 16 tokens keep that within the streams the L2 prefetcher tracks (16 K and 16 V pages at Hkv x
+// D x 4 = 4 KiB per token): a probe read H32/8 D128 K/V this way at 13-16 GB/s against 5-6
+// GB/s head by head, and 11 GB/s for one sequential stream.
+inline constexpr int64_t kDirectKeys = 16;
 
 // Floats of scratch one item needs (the same layout the kernels carve up).
 int64_t item_scratch_floats(const Shape &s, int mr, int nr);

@@ -1,0 +1,117 @@
+// The key tiles of an item with few query rows (decode: one query per head, a GQA group of heads),
+// computed straight from K and V where they lie, with no packing. Written once over an xsimd
+// architecture. Include only from an ISA's translation unit.
+//
+// With M rows against a key tile, the packed path spends far more time packing K^T and V (every
+// key, once per item) than multiplying M rows by them, and its MR-row microkernel runs mostly
+// empty. Here instead:
+//   S[r, j] = q_r . k_j     W keys at a time: one vector accumulator per key, summed across lanes
+//                           together (simd::lane_sums), so each lane of the result is one key
+//   acc[r] += P[r, j] v_j   v_j's row read in place, broadcast P, up to 4 rows x 4 vectors of
+//                           accumulators held in registers across the keys
+// Each sum runs in a fixed order, so the bits do not depend on where the tile came from.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+#include "simd/fmadd.hpp"
+#include "simd/lane_sums.hpp"
+#include "softmax/partial.hpp"
+
+namespace mha::attention_detail {
+namespace {
+
+template <class Arch>
+struct DirectTiles {
+    using V = xsimd::batch<float, Arch>;
+    using Tail = softmax_detail::Partial<Arch>;
+    static constexpr int W = static_cast<int>(V::size);
+
+    // s[r * lds + j] = q[r * D : r * D + D] . k[j * ldk : j * ldk + D] for r < M, j < n.
+    static void scores(int64_t M, int64_t n, int64_t D, const float *q, const float *k, int64_t ldk, float *s,
+                       int64_t lds) {
+        const int64_t full = D / W * W;
+        for (int64_t j = 0; j < n; j += W) {
+            const int64_t nk = std::min<int64_t>(W, n - j);
+            const float *rows[W];  // past the tile's end, repeat its last key (its lanes are not stored)
+            for (int t = 0; t < W; ++t) rows[t] = k + (j + std::min<int64_t>(t, nk - 1)) * ldk;
+            for (int64_t r = 0; r < M; ++r) {
+                const float *qr = q + r * D;
+                V acc[W];
+                for (int t = 0; t < W; ++t) acc[t] = V(0.0f);
+                for (int64_t d = 0; d < full; d += W) {
+                    const V qv = V::load_unaligned(qr + d);
+                    for (int t = 0; t < W; ++t) acc[t] = simd::fmadd(qv, V::load_unaligned(rows[t] + d), acc[t]);
+                }
+                if (full < D) {
+                    const V qv = Tail::load(qr + full, D - full, 0.0f);
+                    for (int t = 0; t < W; ++t) acc[t] = simd::fmadd(qv, Tail::load(rows[t] + full, D - full, 0.0f), acc[t]);
+                }
+                const V sum = simd::lane_sums<Arch>(acc);
+                if (nk == W)
+                    sum.store_unaligned(s + r * lds + j);
+                else
+                    Tail::store(s + r * lds + j, nk, sum);
+            }
+        }
+    }
+
+    // acc[r * Dv + c] += sum_j p[r * ldp + j] * v[j * ldv + c] for r < M, j < n, c < Dv, the keys
+    // in order.
+    static void accumulate(int64_t M, int64_t n, int64_t Dv, const float *p, int64_t ldp, const float *v,
+                           int64_t ldv, float *acc) {
+        constexpr int64_t kRows = 4, kVecs = 4;
+        for (int64_t r0 = 0; r0 < M; r0 += kRows)
+            for (int64_t c0 = 0; c0 < Dv; c0 += kVecs * W) {
+                const int64_t rows = std::min(kRows, M - r0), cols = std::min(kVecs * W, Dv - c0);
+                const int vecs = static_cast<int>((cols + W - 1) / W);
+                const float *pr = p + r0 * ldp;
+                float *ar = acc + r0 * Dv + c0;
+                const int64_t tail = cols - (vecs - 1) * W;  // lanes of the last vector
+                switch (rows * 8 + vecs) {
+#define MHA_DIRECT_BLOCK(R, C) \
+    case R * 8 + C: block<R, C>(n, pr, ldp, v + c0, ldv, ar, Dv, tail); break;
+                    MHA_DIRECT_BLOCK(1, 1) MHA_DIRECT_BLOCK(1, 2) MHA_DIRECT_BLOCK(1, 3) MHA_DIRECT_BLOCK(1, 4)
+                    MHA_DIRECT_BLOCK(2, 1) MHA_DIRECT_BLOCK(2, 2) MHA_DIRECT_BLOCK(2, 3) MHA_DIRECT_BLOCK(2, 4)
+                    MHA_DIRECT_BLOCK(3, 1) MHA_DIRECT_BLOCK(3, 2) MHA_DIRECT_BLOCK(3, 3) MHA_DIRECT_BLOCK(3, 4)
+                    MHA_DIRECT_BLOCK(4, 1) MHA_DIRECT_BLOCK(4, 2) MHA_DIRECT_BLOCK(4, 3) MHA_DIRECT_BLOCK(4, 4)
+#undef MHA_DIRECT_BLOCK
+                }
+            }
+    }
+
+private:
+    // R rows x C vectors of acc (row stride lda), the last vector `tail` lanes wide, held in
+    // registers while the n keys go by.
+    template <int R, int C>
+    static void block(int64_t n, const float *p, int64_t ldp, const float *v, int64_t ldv, float *acc,
+                             int64_t lda, int64_t tail) {
+        auto load = [&](const float *x, int c) {
+            return c == C - 1 && tail < W ? Tail::load(x + c * W, tail, 0.0f) : V::load_unaligned(x + c * W);
+        };
+        V a[R][C];
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) a[r][c] = load(acc + r * lda, c);
+        for (int64_t j = 0; j < n; ++j) {
+            V vj[C];
+            for (int c = 0; c < C; ++c) vj[c] = load(v + j * ldv, c);
+            for (int r = 0; r < R; ++r) {
+                const V pj(p[r * ldp + j]);
+                for (int c = 0; c < C; ++c) a[r][c] = simd::fmadd(pj, vj[c], a[r][c]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) {
+                if (c == C - 1 && tail < W)
+                    Tail::store(acc + r * lda + c * W, tail, a[r][c]);
+                else
+                    a[r][c].store_unaligned(acc + r * lda + c * W);
+            }
+    }
+};
+
+} // namespace
+} // namespace mha::attention_detail
