@@ -159,6 +159,31 @@ TEST_CASE("attention against double: every feature and combination, every ISA, t
         }
 }
 
+TEST_CASE("the direct path (few rows per KV head): edge tiles of keys, head dims and rows, every ISA") {
+    // Rows per KV head (G x Lq) of 1, 3, 4, 5 and 8 against its 4-row blocks; head dims and key
+    // counts around its tiles: 16 keys per tile, one vector (8 or 16 lanes) per key dot product,
+    // 4 vectors of V per block.
+    const std::pair<int64_t, int64_t> rows[] = {{1, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {4, 2}, {5, 1}};
+    const int64_t dims[] = {1, 15, 16, 17, 33}, vdims[] = {1, 31, 64, 65, 129}, lens[] = {1, 15, 16, 17, 50};
+    int n = 0;
+    for (const auto &o : runtimes(1))
+        for (auto [G, Lq] : rows)
+            for (int64_t D : dims)
+                for (int64_t Dv : vdims) {
+                    ++n;
+                    const Case c{"direct", 2, Lq, lens[n % 5], 2 * G, 2, D, Dv, n % 2 == 0, n % 3 == 0 ? 1 : 0,
+                                 n % 4 == 1 ? 2 : 0, n % 5 == 0};
+                    CAPTURE(std::string(isa_name(*o.isa)));
+                    CAPTURE(o.tiles.has_value());
+                    CAPTURE(G);
+                    CAPTURE(Lq);
+                    CAPTURE(c.Lk);
+                    CAPTURE(D);
+                    CAPTURE(Dv);
+                    check(c, o);
+                }
+}
+
 TEST_CASE("decode split over threads: keys in chunks on different threads, same bits as one thread") {
     // One KV head, one query: a single work item, so two threads split its key chunks.
     const Case c{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true};
@@ -245,24 +270,29 @@ TEST_CASE("empty problems and kv_len == 0") {
 }
 
 TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a batch") {
-    const Case c{"det", 3, 70, 90, 4, 2, 32, 32, true, 1, 2, true};
-    Data d = make(c, 5);
-    const size_t n_out = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), n_w = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
-    for (Isa isa : supported_isas()) {
-        const Result all = check_same_bits_1_2_threads(c, d, RuntimeOptions{1, isa, {}, {}});
-        Runtime r2(RuntimeOptions{2, isa, {}, {}});
-        // Batch element 2 alone.
-        AttentionParams one = d.p;
-        one.batch = 1;
-        one.kv_valid_lens = d.valid.data() + 2;
-        one.mask = d.mask.data() + 2 * d.p.mask_batch_stride;
-        std::vector<float> alone(n_out / 3), walone(n_w / 3);
-        one.weights = walone.data();
-        const size_t qoff = 2 * static_cast<size_t>(c.Lq * c.H * c.D), koff = 2 * static_cast<size_t>(c.Lk * c.Hkv * c.D);
-        attention(r2, one, d.q.data() + qoff, d.k.data() + koff, d.v.data() + 2 * static_cast<size_t>(c.Lk * c.Hkv * c.Dv),
-                  alone.data());
-        CHECK(std::equal(alone.begin(), alone.end(), all.out.begin() + 2 * static_cast<long>(n_out / 3)));
-        CHECK(std::equal(walone.begin(), walone.end(), all.w.begin() + 2 * static_cast<long>(n_w / 3)));
+    // Query blocks on the packed path, and decode on the direct path (all KV heads in one item,
+    // its keys split into chunks).
+    for (const Case c : {Case{"det", 3, 70, 90, 4, 2, 32, 32, true, 1, 2, true},
+                         Case{"det decode", 3, 1, 2500, 8, 2, 40, 24, true, 1, 2, true}}) {
+        CAPTURE(c.what);
+        Data d = make(c, 5);
+        const size_t n_out = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), n_w = static_cast<size_t>(c.B * c.H * c.Lq * c.Lk);
+        for (Isa isa : supported_isas()) {
+            const Result all = check_same_bits_1_2_threads(c, d, RuntimeOptions{1, isa, {}, {}});
+            Runtime r2(RuntimeOptions{2, isa, {}, {}});
+            // Batch element 2 alone.
+            AttentionParams one = d.p;
+            one.batch = 1;
+            one.kv_valid_lens = d.valid.data() + 2;
+            one.mask = d.mask.data() + 2 * d.p.mask_batch_stride;
+            std::vector<float> alone(n_out / 3), walone(n_w / 3);
+            one.weights = walone.data();
+            const size_t qoff = 2 * static_cast<size_t>(c.Lq * c.H * c.D), koff = 2 * static_cast<size_t>(c.Lk * c.Hkv * c.D);
+            attention(r2, one, d.q.data() + qoff, d.k.data() + koff, d.v.data() + 2 * static_cast<size_t>(c.Lk * c.Hkv * c.Dv),
+                      alone.data());
+            CHECK(std::equal(alone.begin(), alone.end(), all.out.begin() + 2 * static_cast<long>(n_out / 3)));
+            CHECK(std::equal(walone.begin(), walone.end(), all.w.begin() + 2 * static_cast<long>(n_w / 3)));
+        }
     }
 }
 
