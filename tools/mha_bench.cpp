@@ -26,7 +26,7 @@ namespace {
 struct Context {
     cli::BenchOptions opt;
     std::map<int, double> peak;  // threads -> GFLOP/s
-    double bandwidth = 0;        // GB/s, one thread
+    std::map<int, double> bandwidth;  // threads -> read GB/s
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
 };
 
@@ -55,7 +55,7 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
     r.ms = t[0] * 1e3;
     r.rate = work / t[0] * 1e-9;
     if (r.unit == "GFLOP/s") r.peak_fraction = r.rate / ctx.peak.at(r.threads);
-    if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth;
+    if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth.at(r.threads);
     for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
     rows.push_back(r);
 }
@@ -193,10 +193,12 @@ void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows)
     }
 }
 
-void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
+void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
-    std::printf(", read bandwidth %.1f GB/s (1 thread)\n", bw);
+    std::printf(", read bandwidth");
+    for (auto [t, b] : ctx.bandwidth) std::printf(" %.1f GB/s (%d thread%s)", b, t, t > 1 ? "s" : "");
+    std::printf("\n");
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
     std::string suite;
@@ -220,7 +222,7 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
         std::printf("\n");
     }
     std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
-                "K and V bytes read per second, %%peak there = share of the read bandwidth; vs X = X's time / mha's\n"
+                "K and V bytes read per second, %%peak there = share of the read bandwidth of as many threads; vs X = X's time / mha's\n"
                 "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
                 "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
                 "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
@@ -228,12 +230,13 @@ void print_table(const Context &ctx, double bw, const std::vector<Row> &rows) {
                 "layer GF/s counts 8 L E^2 + 4 L^2 E per sequence; the split times the attention step alone.\n");
 }
 
-void print_json(const Context &ctx, double bw, const std::vector<Row> &rows) {
+void print_json(const Context &ctx, const std::vector<Row> &rows) {
     nlohmann::json j;
     j["peak_gflops"] = ctx.peak.begin()->second;
     j["peak_gflops_threads"] = ctx.peak.begin()->first;
     for (auto [t, g] : ctx.peak) j["peak_gflops_by_threads"][std::to_string(t)] = g;
-    j["bandwidth_gbs"] = bw;
+    j["bandwidth_gbs"] = ctx.bandwidth.begin()->second;
+    for (auto [t, b] : ctx.bandwidth) j["bandwidth_gbs_by_threads"][std::to_string(t)] = b;
     j["anchor_environment"] = bench::anchor_environment();
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
@@ -265,8 +268,10 @@ int main(int argc, char **argv) {
         std::unique_ptr<std::regex> filter;
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
-        for (int t : ctx.opt.threads) ctx.peak[t] = bench::measure_fma_peak_gflops(t);
-        const double bw = ctx.bandwidth = bench::measure_read_bandwidth_gbs(1);
+        for (int t : ctx.opt.threads) {
+            ctx.peak[t] = bench::measure_fma_peak_gflops(t);
+            ctx.bandwidth[t] = bench::measure_read_bandwidth_gbs(t);
+        }
         std::vector<Row> rows;
         suite_gemm(ctx, filter.get(), rows);
         suite_softmax(ctx, filter.get(), rows);
@@ -274,9 +279,9 @@ int main(int argc, char **argv) {
         suite_decode(ctx, filter.get(), rows);
         suite_layer(ctx, filter.get(), rows);
         if (ctx.opt.json)
-            print_json(ctx, bw, rows);
+            print_json(ctx, rows);
         else
-            print_table(ctx, bw, rows);
+            print_table(ctx, rows);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "mha-bench: %s\n\n%s", e.what(), cli::kBenchUsage);
         return 2;
