@@ -160,10 +160,10 @@ TEST_CASE("attention against double: every feature and combination, every ISA, t
 }
 
 TEST_CASE("the direct path (few rows per KV head): edge tiles of keys, head dims and rows, every ISA") {
-    // Rows per KV head (G x Lq) of 1, 3, 4, 5 and 8 against its 4-row blocks; head dims and key
-    // counts around its tiles: 16 keys per tile, one vector (8 or 16 lanes) per key dot product,
-    // 4 vectors of V per block.
-    const std::pair<int64_t, int64_t> rows[] = {{1, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {4, 2}, {5, 1}};
+    // Rows per KV head (G x Lq) of 1, 3, 4, 5, 8 and 12 (kDirectRows) against its 4-row blocks;
+    // head dims and key counts around its tiles: 16 keys per tile, one vector (8 or 16 lanes) per
+    // key dot product, 4 vectors of V per block.
+    const std::pair<int64_t, int64_t> rows[] = {{1, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {4, 2}, {5, 1}, {4, 3}, {6, 2}};
     const int64_t dims[] = {1, 15, 16, 17, 33}, vdims[] = {1, 31, 64, 65, 129}, lens[] = {1, 15, 16, 17, 50};
     int n = 0;
     for (const auto &o : runtimes(1))
