@@ -25,12 +25,14 @@ struct TileConfig {
     // the depth is at most sup_max_k and the whole A fits in half of L2.
     int64_t sup_max_n = 0;
     int64_t sup_max_k = 0;
-    // Fused attention: query rows per head in one work item, and keys per score tile.
+    // Fused attention: query rows per head in one work item, and keys per score tile. (The
+    // direct path for items of at most 12 rows per KV head, as in decode, always takes 16 keys
+    // per tile; see src/attention/attention_shape.hpp.)
     int64_t attn_block_q = 0;
     int64_t attn_block_k = 0;
     // Keys per chunk (a multiple of attn_block_k). Each chunk's softmax state is computed on its
-    // own and the chunks merged in order; when there are fewer work items than threads (decode),
-    // the chunks of one item run on different threads with the same result.
+    // own and the chunks merged in order; when there are fewer work items than threads, and on the
+    // direct path, the chunks of one item run on different threads with the same result.
     int64_t attn_kv_chunk = 0;
 
     // Throws mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
