@@ -8,7 +8,9 @@
 //   masks -> -inf            causal, valid length and the boolean mask, from their compact forms
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
 //   acc += P V               the microkernel again, P read in place
-// Tiles that no row can see are never computed. The Lq x Lk matrix never exists.
+// Tiles that no row can see are never computed. The Lq x Lk matrix never exists. Items with few
+// rows per KV head (Shape::direct: decode) do the two products with DirectTiles instead, on K and
+// V in place, and hold every KV head of their sequence.
 #pragma once
 
 #include <algorithm>
