@@ -355,6 +355,35 @@ TEST_CASE("token strides: q, k, v and out read from and written into wider rows,
     }
 }
 
+TEST_CASE("scratch at Lk = 16384 stays under 32 MB, on 1 and 2 threads") {
+    // The scratch of a query block does not depend on Lq (only whether a (batch, KV head) strip
+    // keeps its packed K/V, capped at 8 MiB per thread, and that needs Lq > the query block), so
+    // Lq = 160 with Lk = 16384 holds what L = 16384 self-attention would, at 1% of its work.
+    // Decode adds the chunk states (m, l, acc per 1024 keys per row).
+    for (int threads : {1, 2}) {
+        Runtime rt(RuntimeOptions{threads, {}, {}, {}});
+        for (const Case c : {Case{"long", 1, 160, 16384, 8, 8, 64, 64, true},
+                             Case{"long GQA D128", 2, 160, 16384, 8, 2, 128, 128, true},
+                             Case{"long decode", 2, 1, 16384, 8, 2, 128, 128, true}}) {
+            CAPTURE(c.what);
+            Data d = make(c, 3);
+            std::vector<float> out(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv));
+            attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), out.data());
+            CHECK(rt.scratch_bytes() > 0);
+            CHECK(rt.scratch_bytes() < size_t{32} << 20);
+            // Batch 0's last query (it sees every key) against a double reference; all rows would
+            // take too long under the sanitizers.
+            ref::AttentionCase last = d.rc;
+            last.B = 1;
+            last.Lq = 1;
+            std::vector<double> want;
+            ref::attention(last, d.q.data() + (c.Lq - 1) * c.H * c.D, d.k.data(), d.v.data(), want);
+            const float *got = out.data() + (c.Lq - 1) * c.H * c.Dv;
+            for (size_t i = 0; i < want.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 5e-5);
+        }
+    }
+}
+
 TEST_CASE("8 host threads share one runtime") {
     const Case c{"conc", 2, 33, 41, 4, 2, 16, 16, true};
     Data d = make(c, 8);

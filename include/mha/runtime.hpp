@@ -33,6 +33,10 @@ public:
     int num_threads() const;
     Isa isa() const;
     const TileConfig &tiles() const;
+    // Bytes of scratch the runtime holds between calls: each call borrows what it needs (the
+    // buffers grow to the largest call so far and are kept for the next), so after a call this
+    // is at least that call's scratch. It grows with the tiles and the threads, not with Lq x Lk.
+    size_t scratch_bytes() const;
 
     detail::RuntimeState &state() const { return *state_; }
 

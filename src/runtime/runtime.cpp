@@ -37,6 +37,13 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
     return Lease(*this, std::move(buf));
 }
 
+size_t BufferPool::bytes() {
+    std::lock_guard lock(mutex_);
+    size_t total = 0;
+    for (const auto &b : free_) total += b->size() * sizeof(float);
+    return total;
+}
+
 void BufferPool::give_back(std::unique_ptr<AlignedBuffer> buf) {
     std::lock_guard lock(mutex_);
     free_.push_back(std::move(buf));
@@ -98,5 +105,6 @@ Runtime::~Runtime() = default;
 int Runtime::num_threads() const { return state_->num_threads; }
 Isa Runtime::isa() const { return state_->isa; }
 const TileConfig &Runtime::tiles() const { return state_->tiles; }
+size_t Runtime::scratch_bytes() const { return state_->pool.bytes(); }
 
 } // namespace mha

@@ -46,6 +46,7 @@ public:
         std::unique_ptr<AlignedBuffer> buf_;
     };
     Lease borrow(size_t count);
+    size_t bytes();  // of the buffers not lent out now
 
 private:
     void give_back(std::unique_ptr<AlignedBuffer> buf);
