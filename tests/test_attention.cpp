@@ -184,15 +184,20 @@ TEST_CASE("the direct path (few rows per KV head): edge tiles of keys, head dims
                 }
 }
 
-TEST_CASE("decode split over threads: keys in chunks on different threads, same bits as one thread") {
-    // One KV head, one query: a single work item, so two threads split its key chunks.
-    const Case c{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true};
-    Data d = make(c, 21);
-    for (const auto &o : runtimes(1)) {
-        const Result r = check_same_bits_1_2_threads(c, d, o);
-        std::vector<double> want;
-        ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
-        for (size_t i = 0; i < r.out.size(); ++i) CHECK(std::fabs(r.out[i] - want[i]) <= 5e-5);
+TEST_CASE("keys split over threads: chunks on different threads, same bits as one thread") {
+    // One KV head: decode (the direct path, whose keys are always split) and one block of 20
+    // queries (the packed path: a single work item, so only two threads split its key chunks,
+    // while one thread walks them into its running state).
+    for (const Case c : {Case{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true},
+                         Case{"query block split", 1, 20, 3000, 4, 1, 64, 40, true, 0, 1, true}}) {
+        CAPTURE(c.what);
+        Data d = make(c, 21);
+        for (const auto &o : runtimes(1)) {
+            const Result r = check_same_bits_1_2_threads(c, d, o);
+            std::vector<double> want;
+            ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
+            for (size_t i = 0; i < r.out.size(); ++i) CHECK(std::fabs(r.out[i] - want[i]) <= 5e-5);
+        }
     }
 }
 

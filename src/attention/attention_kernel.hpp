@@ -253,8 +253,16 @@ struct FusedAttention {
             const int64_t M = it.rows(s), end = key_end(s, it);
             pack_q(s, q, it, w);
             start(M, s.value_dim, w.m, w.l, w.acc);
+            // The first chunk goes straight into the running state: merging a chunk into an empty
+            // state copies it bit for bit (its weights are exp(-inf) = 0 and exp(0) = 1), so this
+            // is what the split path computes, without a pass over the accumulator.
             for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
-                chunk(s, k, v, it, c0, std::min(end, c0 + s.kv_chunk), w, kv, w.cm, w.cl, w.cacc);
+                const int64_t c1 = std::min(end, c0 + s.kv_chunk);
+                if (c0 == 0) {
+                    chunk(s, k, v, it, c0, c1, w, kv, w.m, w.l, w.acc);
+                    continue;
+                }
+                chunk(s, k, v, it, c0, c1, w, kv, w.cm, w.cl, w.cacc);
                 merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
             }
             finish(s, k, out, it, w, kv);

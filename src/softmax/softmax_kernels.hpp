@@ -118,22 +118,34 @@ struct RowKernels {
     // The online softmax step (Milakov & Gimelshein 2018, as used by FlashAttention): folds a
     // block of scores into the running max m and sum l of each row, turns the block into
     // P = exp(s - m_new) in place, and rescales the row's accumulated output by exp(m_old - m_new).
+    // The rescale factors exp(m_old - m_new) of W rows at a time come from one vexp.
     static void online_fold(int64_t rows, int64_t cols, float *s, int64_t lds, float *m, float *l, float *acc,
                             int64_t ldacc, int64_t acc_cols) {
-        for (int64_t r = 0; r < rows; ++r) {
-            float *sr = s + r * lds;
-            float bm = row_max(sr, cols);
-            if (bm == kNegInf && has_nan(sr, cols)) bm = std::numeric_limits<float>::quiet_NaN();
-            const float m_new = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
-            if (m_new == kNegInf) {  // nothing visible yet: P = 0, the state stays empty
-                fill(sr, cols, 0.0f);
-                continue;
+        for (int64_t r0 = 0; r0 < rows; r0 += W) {
+            const int64_t nr = rows - r0 < W ? rows - r0 : W;
+            alignas(64) float m_new[W], alpha[W] = {};
+            for (int64_t i = 0; i < nr; ++i) {
+                const int64_t r = r0 + i;
+                float *sr = s + r * lds;
+                float bm = row_max(sr, cols);
+                if (bm == kNegInf && has_nan(sr, cols)) bm = std::numeric_limits<float>::quiet_NaN();
+                m_new[i] = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
+                // Nothing visible yet (m_new = -inf): P = 0 and the state stays empty.
+                alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
             }
-            const float alpha = std::exp(m[r] - m_new);  // 0 when m was -inf
-            const float sum = exp_store_sum(sr, cols, m_new, sr);
-            l[r] = l[r] * alpha + sum;
-            if (alpha != 1.0f) scale(acc + r * ldacc, acc_cols, alpha);
-            m[r] = m_new;
+            vexp<Arch>(V::load_aligned(alpha)).store_aligned(alpha);  // 0 where m was -inf
+            for (int64_t i = 0; i < nr; ++i) {
+                const int64_t r = r0 + i;
+                float *sr = s + r * lds;
+                if (m_new[i] == kNegInf) {
+                    fill(sr, cols, 0.0f);
+                    continue;
+                }
+                const float sum = exp_store_sum(sr, cols, m_new[i], sr);
+                l[r] = l[r] * alpha[i] + sum;
+                if (alpha[i] != 1.0f) scale(acc + r * ldacc, acc_cols, alpha[i]);
+                m[r] = m_new[i];
+            }
         }
     }
 
