@@ -33,6 +33,26 @@ TEST_CASE("runtime create/destroy") {
     CHECK(contains(mha_last_error(), "out"));
 }
 
+TEST_CASE("mha_runtime_scratch_bytes: none before a call, the call's scratch after it") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(2, &rt) == MHA_OK);
+    uint64_t bytes = 7;
+    REQUIRE(mha_runtime_scratch_bytes(rt, &bytes) == MHA_OK);
+    CHECK(bytes == 0);
+    mha_attention_params p{};
+    p.batch = 1; p.q_len = 64; p.kv_len = 300; p.num_heads = 4; p.num_kv_heads = 2; p.head_dim = 32; p.value_dim = 16;
+    std::vector<float> q(64 * 4 * 32, 0.5f), k(300 * 2 * 32, 0.25f), v(300 * 2 * 16, 1.0f), out(64 * 4 * 16);
+    REQUIRE(mha_attention(rt, &p, q.data(), k.data(), v.data(), out.data()) == MHA_OK);
+    REQUIRE(mha_runtime_scratch_bytes(rt, &bytes) == MHA_OK);
+    CHECK(bytes > 0);
+    CHECK(bytes < (uint64_t{1} << 20));
+    CHECK(mha_runtime_scratch_bytes(nullptr, &bytes) == MHA_INVALID_ARGUMENT);
+    CHECK(contains(mha_last_error(), "rt"));
+    CHECK(mha_runtime_scratch_bytes(rt, nullptr) == MHA_INVALID_ARGUMENT);
+    CHECK(contains(mha_last_error(), "bytes"));
+    mha_runtime_destroy(rt);
+}
+
 TEST_CASE("MHA_ISA selects or refuses an ISA") {
     mha_runtime *rt = nullptr;
     setenv("MHA_ISA", "sse9", 1);

@@ -40,6 +40,11 @@ void mha_runtime_destroy(mha_runtime *rt); /* NULL is fine */
  * MHA_INVALID_ARGUMENT and a message naming the file and the problem. */
 mha_status mha_runtime_create_with_config(int num_threads, const char *tile_config_path, mha_runtime **out);
 
+/* *bytes = the scratch the runtime holds between calls. Each call borrows what it needs from the
+ * runtime's buffers, which grow to the largest call so far and are kept for the next; the
+ * attention's scratch grows with the tiles and threads, not with Lq x Lk. */
+mha_status mha_runtime_scratch_bytes(const mha_runtime *rt, uint64_t *bytes);
+
 /* C = alpha * op(A) * op(B) + beta * C, row-major; trans is 'N' or 'T'.
  * op(A) is m x k, op(B) is k x n. beta == 0 means C is not read (NaN in C is overwritten).
  * Leading dimensions count floats between rows of the stored matrix: lda >= k for 'N' A (m x k),

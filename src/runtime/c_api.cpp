@@ -91,6 +91,14 @@ mha_status mha_runtime_create_with_config(int num_threads, const char *tile_conf
 
 void mha_runtime_destroy(mha_runtime *rt) { delete rt; }
 
+mha_status mha_runtime_scratch_bytes(const mha_runtime *rt, uint64_t *bytes) {
+    return guarded([&] {
+        if (!rt) mha::invalid_argument("rt is NULL");
+        if (!bytes) mha::invalid_argument("bytes is NULL");
+        *bytes = rt->rt.scratch_bytes();
+    });
+}
+
 mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                      float *c, int64_t ldc) {
