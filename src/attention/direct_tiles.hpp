@@ -2,9 +2,10 @@
 // computed straight from K and V where they lie, with no packing. Written once over an xsimd
 // architecture. Include only from an ISA's translation unit.
 //
-// With M rows against a key tile, the packed path spends far more time packing K^T and V (every
-// key, once per item) than multiplying M rows by them, and its MR-row microkernel runs mostly
-// empty. Here instead:
+// With M rows against a key tile, the packed path packs K^T and V (every key, once per item) for
+// an MR-row microkernel that runs mostly empty. Here instead (the caller walks the tokens so that
+// the reads stream; that, more than the arithmetic, is what decode's speed rests on: see
+// kDirectKeys in attention_shape.hpp):
 //   S[r, j] = q_r . k_j     W keys at a time: one vector accumulator per key, summed across lanes
 //                           together (simd::lane_sums), so each lane of the result is one key
 //   acc[r] += P[r, j] v_j   v_j's row read in place, broadcast P, up to 4 rows x 4 vectors of
