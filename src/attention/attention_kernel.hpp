@@ -40,6 +40,7 @@ struct ItemScratch {
         const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
         out[2] = tiles * round_up_to(BK, nr) * s.head_dim;   // k_packed: K^T in NR-column panels
         out[3] = tiles * BK * round_up_to(s.value_dim, nr);  // v_packed: V in NR-column panels
+        if (s.direct) out[1] = out[2] = out[3] = 0;    // the direct path reads Q rows, K and V in place
         out[4] = M * BK;                               // s: scores, then probabilities
         out[5] = M;                                    // m: running max
         out[6] = M;                                    // l: running sum
