@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <utility>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "attention/attention_shape.hpp"
@@ -228,14 +227,12 @@ struct FusedAttention {
         }
     }
 
-    // Divides by the sums, scatters the rows to out and, if asked, writes the weights.
+    // Divides the rows by their sums straight into out and, if asked, writes the weights.
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
-        Rows::online_finish(M, w.l, w.acc, Dv, Dv);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            std::memcpy(out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv, w.acc + r * Dv,
-                        static_cast<size_t>(Dv) * sizeof(float));
+            Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv);
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }

@@ -87,13 +87,16 @@ struct RowKernels {
         return xsimd::hadd((s0 + s1) + (s2 + s3));
     }
 
-    // y[0:n] *= s
-    static void scale(float *y, int64_t n, float s) {
+    // y[0:n] = x[0:n] * s; x == y is allowed.
+    static void scale_to(const float *x, int64_t n, float s, float *y) {
         const V vs(s);
         int64_t i = 0;
-        for (; i + W <= n; i += W) (V::load_unaligned(y + i) * vs).store_unaligned(y + i);
-        if (i < n) P::store(y + i, n - i, P::load(y + i, n - i, 0.0f) * vs);
+        for (; i + W <= n; i += W) (V::load_unaligned(x + i) * vs).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, P::load(x + i, n - i, 0.0f) * vs);
     }
+
+    // y[0:n] *= s
+    static void scale(float *y, int64_t n, float s) { scale_to(y, n, s, y); }
 
     static void fill(float *y, int64_t n, float v) {
         int64_t i = 0;
@@ -151,12 +154,15 @@ struct RowKernels {
 
     // acc[r, :] /= l[r]; a row that never saw a visible score (l == 0) becomes zeros.
     static void online_finish(int64_t rows, const float *l, float *acc, int64_t ldacc, int64_t acc_cols) {
-        for (int64_t r = 0; r < rows; ++r) {
-            if (l[r] == 0.0f)
-                fill(acc + r * ldacc, acc_cols, 0.0f);
-            else
-                scale(acc + r * ldacc, acc_cols, 1.0f / l[r]);
-        }
+        for (int64_t r = 0; r < rows; ++r) online_finish_row(l[r], acc + r * ldacc, acc_cols, acc + r * ldacc);
+    }
+
+    // One row of online_finish, written to y (y == acc is allowed).
+    static void online_finish_row(float l, const float *acc, int64_t acc_cols, float *y) {
+        if (l == 0.0f)
+            fill(y, acc_cols, 0.0f);
+        else
+            scale_to(acc, acc_cols, 1.0f / l, y);
     }
 
     static void exp(int64_t n, const float *x, float *y) {
