@@ -136,23 +136,28 @@ struct FusedAttention {
                 DirectTiles<Arch>::scores(Mg, cols, D, w.q_rows + h * Mg * D,
                                           k + (it.b * s.kv_len + j0) * s.ldk + (it.g + h) * D, s.ldk,
                                           w.s + h * Mg * s.block_k, s.block_k);
-            mask_rows(s, it, M, rows_per_head, j0, n, w);
+            mask_rows(s, it, 0, M, rows_per_head, j0, n, w);
             return;
         }
         const float *kp = kv.k(s, k, it, j0, n, w);
-        for (int64_t r0 = 0; r0 < M; r0 += MR) {
-            const int64_t cols = panel_keys(s, it, rows_per_head, r0, std::min(M, r0 + MR), j0, n);
-            if (cols > 0)
-                gemm::sgemm_macro_packed<Arch, MR, NV>(std::min<int64_t>(MR, M - r0), cols, s.head_dim,
-                                                       w.q_packed + r0 * s.head_dim, kp, w.s + r0 * s.block_k,
-                                                       s.block_k, 1.0f, 0.0f);
-        }
-        mask_rows(s, it, M, rows_per_head, j0, n, w);
+        for (int64_t r0 = 0; r0 < M; r0 += MR) panel_scores(s, kp, it, r0, std::min(M, r0 + MR), rows_per_head, j0, n, w);
     }
 
-    static void mask_rows(const Shape &s, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0, int64_t n,
-                          const ItemScratch &w) {
-        for (int64_t r = 0; r < M; ++r)
+    // Rows [r0, r1) of S (one register panel) against the packed K tile, masked; returns how many
+    // of the tile's keys the panel may see (past them its scores are -inf and never computed).
+    static int64_t panel_scores(const Shape &s, const float *kp, const Item &it, int64_t r0, int64_t r1,
+                                int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w) {
+        const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n);
+        if (cols > 0)
+            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, s.head_dim, w.q_packed + r0 * s.head_dim, kp,
+                                                   w.s + r0 * s.block_k, s.block_k, 1.0f, 0.0f);
+        mask_rows(s, it, r0, r1, rows_per_head, j0, n, w);
+        return cols;
+    }
+
+    static void mask_rows(const Shape &s, const Item &it, int64_t r0, int64_t r1, int64_t rows_per_head, int64_t j0,
+                          int64_t n, const ItemScratch &w) {
+        for (int64_t r = r0; r < r1; ++r)
             apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
     }
 
@@ -188,9 +193,9 @@ struct FusedAttention {
         start(M, Dv, m, l, acc);
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
-            scores(s, k, it, M, rows_per_head, j0, n, w, kv);
-            Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
             if (s.direct) {
+                scores(s, k, it, M, rows_per_head, j0, n, w, kv);
+                Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
                 const int64_t Mg = s.group() * rows_per_head;
                 const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
                 for (int64_t h = 0; h < it.kv_heads; ++h)
@@ -199,14 +204,21 @@ struct FusedAttention {
                                                   acc + h * Mg * Dv);
                 continue;
             }
+            // Register panel by register panel, so a panel's scores stay in L1 from Q K^T through
+            // the fold to P V (a whole tile of scores is M x block_k floats: 112 KiB by default).
+            const float *kp = kv.k(s, k, it, j0, n, w);
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
             for (int64_t r0 = 0; r0 < M; r0 += MR) {
-                const int64_t cols = panel_keys(s, it, rows_per_head, r0, std::min(M, r0 + MR), j0, n);
-                if (cols > 0)
-                    gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{std::min<int64_t>(MR, M - r0), Dv, cols, 0,
-                                                                      (Dv + NR - 1) / NR, w.s + r0 * s.block_k,
-                                                                      s.block_k, 1, nullptr, 0, vp, v_depth,
-                                                                      acc + r0 * Dv, Dv, 1.0f, 1.0f});
+                const int64_t r1 = std::min(M, r0 + MR);
+                const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
+                // A panel that sees none of the tile's keys: folding its -inf scores would leave
+                // the state as it is (alpha = 1, P = 0), so skip it.
+                if (cols == 0) continue;
+                float *sp = w.s + r0 * s.block_k;
+                Rows::online_fold(r1 - r0, n, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
+                gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols, 0, (Dv + NR - 1) / NR, sp,
+                                                                  s.block_k, 1, nullptr, 0, vp, v_depth, acc + r0 * Dv,
+                                                                  Dv, 1.0f, 1.0f});
             }
         }
     }
