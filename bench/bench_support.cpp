@@ -225,23 +225,32 @@ void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len,
         }
 }
 
-double measure_fma_peak_gflops(int threads) {
+namespace {
+
+double fma_probe_run(int threads, int64_t iters) {
     const bool avx512 = cpu_supports(Isa::avx512);
-    auto probe = [&](int64_t iters) { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); };
-    probe(1 << 22);  // warm up the wide units
+    auto probe = [&] { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); };
+    if (threads == 1) return probe();
+    std::vector<double> per(static_cast<size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(); });
+    for (auto &th : pool) th.join();
+    double sum = 0;
+    for (double g : per) sum += g;
+    return sum;
+}
+
+} // namespace
+
+double measure_fma_peak_gflops(int threads) {
+    fma_probe_run(1, 1 << 22);  // warm up the wide units
     std::vector<double> runs;
-    for (int rep = 0; rep < 5; ++rep) {
-        std::vector<double> per(static_cast<size_t>(threads));
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(1 << 23); });
-        for (auto &th : pool) th.join();
-        double sum = 0;
-        for (double g : per) sum += g;
-        runs.push_back(sum);
-    }
+    for (int rep = 0; rep < 5; ++rep) runs.push_back(fma_probe_run(threads, 1 << 23));
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2];
 }
+
+double fma_probe_gflops(int threads) { return fma_probe_run(threads, 1 << 19); }
 
 double measure_read_bandwidth_gbs(int threads) {
     const int64_t n = int64_t{64} << 20;  // 256 MiB of floats, far past any L3 here

@@ -102,6 +102,11 @@ void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len,
 // CPU has (the median of several short runs; about 0.3 s).
 double measure_fma_peak_gflops(int threads);
 
+// One short run of that probe (about 2 ms): what `threads` threads deliver right now. Benchmarks
+// interleave it with the code they time, so a share of the peak compares the two in the same
+// window on a machine whose other tenants come and go.
+double fma_probe_gflops(int threads);
+
 // Read bandwidth in GB/s of `threads` threads each streaming its share of a buffer far larger than
 // the caches (the median of several passes).
 double measure_read_bandwidth_gbs(int threads);

@@ -36,7 +36,8 @@ struct Row {
     double ms = 0;
     double rate = 0;            // in `unit`
     std::string unit;           // "GFLOP/s" or "Gelem/s"
-    double peak_fraction = -1;  // of the FMA peak; < 0 when it does not apply
+    double peak_fraction = -1;  // of the FMA peak (or the read bandwidth); < 0 when it does not apply
+    double peak_in_row = -1;    // GFLOP/s rows: the FMA probe's median, timed interleaved with the row
     std::vector<std::pair<std::string, double>> vs;  // anchor -> its time / our time
     double part_ms = -1;        // layer: the attention step's share of ms (the rest is projections)
 };
@@ -46,15 +47,24 @@ struct Anchor {
     std::function<void()> run;
 };
 
-// Times `ours` and every anchor in turn and appends the row.
+// Times `ours`, every anchor and, for GFLOP/s rows, the FMA probe in turn, and appends the row.
+// The share of the peak compares the row with the probe's median over the same window: on a
+// shared machine the start-up peak can be 10-15% off by the time a row runs.
 void measure(const Context &ctx, Row r, double work, const std::function<void()> &ours,
              const std::vector<Anchor> &anchors, std::vector<Row> &rows) {
     std::vector<std::function<void()>> fns = {ours};
     for (const auto &a : anchors) fns.push_back(a.run);
+    const bool flops = r.unit == "GFLOP/s";
+    std::vector<double> probe;
+    if (flops) fns.push_back([&] { probe.push_back(bench::fma_probe_gflops(r.threads)); });
     const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
     r.ms = t[0] * 1e3;
     r.rate = work / t[0] * 1e-9;
-    if (r.unit == "GFLOP/s") r.peak_fraction = r.rate / ctx.peak.at(r.threads);
+    if (flops) {
+        std::sort(probe.begin(), probe.end());
+        r.peak_in_row = probe[probe.size() / 2];
+        r.peak_fraction = r.rate / r.peak_in_row;
+    }
     if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth.at(r.threads);
     for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
     rows.push_back(r);
@@ -126,7 +136,7 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
         p.head_dim = p.value_dim = s.dim; p.causal = s.causal;
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "attention %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
             std::vector<Anchor> anchors;
             if (bench::has_dnnl()) {
                 anchors.push_back({"blocked", [&] {
@@ -140,6 +150,14 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
             }
             // mha's own unfused composition (GEMM, softmax, GEMM per head), the tests' second opinion.
             anchors.push_back({"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }});
+            // The targets that are ratios of our own calls, timed in the same window: causal against
+            // the same shape without the mask, and more threads against one.
+            AttentionParams full = p;
+            full.causal = false;
+            if (s.causal)
+                anchors.push_back({"non-causal", [&] { attention(rt, full, q.data(), k.data(), v.data(), out.data()); }});
+            if (threads > 1)
+                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }});
             measure(ctx, Row{"attention", "fused", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
                     [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
@@ -157,9 +175,11 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
         p.batch = B; p.q_len = 1; p.kv_len = L; p.num_heads = H; p.num_kv_heads = Hkv; p.head_dim = p.value_dim = D;
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "decode %s threads=%d\n", s.str().c_str(), threads);
-            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
-            const std::vector<Anchor> anchors = {
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
+            std::vector<Anchor> anchors = {
                 {"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }}};
+            if (threads > 1)
+                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }});
             measure(ctx, Row{"decode", "fused", s.str(), threads, 0, 0, "GB/s", -1, {}}, s.kv_bytes(),
                     [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
@@ -202,11 +222,17 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
     std::string suite;
+    std::vector<std::string> columns;  // the suite's anchors, in order of first appearance
     for (const auto &r : rows) {
         if (r.suite != suite) {
             suite = r.suite;
+            columns.clear();
+            for (const auto &o : rows)
+                for (const auto &[n, v] : o.vs)
+                    if (o.suite == suite && std::find(columns.begin(), columns.end(), n) == columns.end())
+                        columns.push_back(n);
             std::printf("\n%-9s %-10s %-20s %7s %10s %12s %7s", "suite", "name", "shape", "threads", "ms", "rate", "%peak");
-            for (const auto &[n, v] : r.vs) std::printf(" %11s", ("vs " + n).c_str());
+            for (const auto &n : columns) std::printf(" %13s", ("vs " + n).c_str());
             std::printf("\n");
         }
         char peak[16] = "-";
@@ -216,15 +242,25 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                       r.unit == "GFLOP/s" ? "GF/s" : r.unit == "GB/s" ? "GB/s" : "Ge/s");
         std::printf("%-9s %-10s %-20s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), r.shape.c_str(), r.threads,
                     r.ms, rate, peak);
-        for (const auto &[n, v] : r.vs) std::printf(" %10.2fx", v);
+        for (const auto &n : columns) {
+            const auto it = std::find_if(r.vs.begin(), r.vs.end(), [&](const auto &x) { return x.first == n; });
+            if (it == r.vs.end())
+                std::printf(" %13s", "-");
+            else
+                std::printf(" %12.2fx", it->second);
+        }
         if (r.part_ms >= 0)
             std::printf("   attention %.0f%% / projections %.0f%%", 100.0 * r.part_ms / r.ms, 100.0 * (1.0 - r.part_ms / r.ms));
         std::printf("\n");
     }
     std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
-                "K and V bytes read per second, %%peak there = share of the read bandwidth of as many threads; vs X = X's time / mha's\n"
-                "time. Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
+                "K and V bytes read per second. %%peak: GFLOP/s rows against the FMA probe of as many threads, timed\n"
+                "interleaved with the row (the start-up peak above is in the JSON as peak_fraction_startup); decode\n"
+                "rows against the read bandwidth of as many threads. vs X = X's time / mha's time, interleaved.\n"
+                "Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
                 "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
+                "non-causal = the same call without the causal mask (1.82x = causal at 0.55x the time);\n"
+                "1 thread = the same call on a one-thread runtime (the speed-up of this row's threads);\n"
                 "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
                 "nn.MultiheadAttention(batch_first=True, need_weights=False) timed by bench/torch_layer.py in this run;\n"
                 "layer GF/s counts 8 L E^2 + 4 L^2 E per sequence; the split times the attention step alone.\n");
@@ -244,6 +280,10 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
                             {"threads", r.threads}, {"ms", r.ms}};
         o[r.unit == "GFLOP/s" ? "gflops" : r.unit == "GB/s" ? "gbs" : "gelem_per_s"] = r.rate;
         o["peak_fraction"] = r.peak_fraction >= 0 ? nlohmann::json(r.peak_fraction) : nlohmann::json(nullptr);
+        if (r.peak_in_row > 0) {
+            o["peak_gflops_in_row"] = r.peak_in_row;
+            o["peak_fraction_startup"] = r.rate / ctx.peak.at(r.threads);
+        }
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
         if (r.part_ms >= 0) {
             o["attention_ms"] = r.part_ms;
