@@ -211,11 +211,12 @@ struct FusedAttention {
             for (int64_t r0 = 0; r0 < M; r0 += MR) {
                 const int64_t r1 = std::min(M, r0 + MR);
                 const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
-                // A panel that sees none of the tile's keys: folding its -inf scores would leave
-                // the state as it is (alpha = 1, P = 0), so skip it.
+                // Past `cols` every score of the panel is -inf: folding them would leave the state
+                // as it is (their P is 0), so the fold stops there, and a panel that sees none of
+                // the tile's keys is skipped.
                 if (cols == 0) continue;
                 float *sp = w.s + r0 * s.block_k;
-                Rows::online_fold(r1 - r0, n, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
+                Rows::online_fold(r1 - r0, cols, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
                 gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols, 0, (Dv + NR - 1) / NR, sp,
                                                                   s.block_k, 1, nullptr, 0, vp, v_depth, acc + r0 * Dv,
                                                                   Dv, 1.0f, 1.0f});
