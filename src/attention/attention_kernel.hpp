@@ -3,12 +3,14 @@
 // softmax). Include only from an ISA's translation unit.
 //
 // The rows of every head that shares one KV head are stacked into one block of M rows, so each
-// packed K and V tile serves the whole group (GQA/MQA without copies). For each key tile:
+// packed K and V tile serves the whole group (GQA/MQA without copies). For each key tile, K^T
+// and V are packed, then each register panel of MR rows goes through
 //   S = (scale Q) K^T        the GEMM microkernel on packed panels
 //   masks -> -inf            causal, valid length and the boolean mask, from their compact forms
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
 //   acc += P V               the microkernel again, P read in place
-// Tiles that no row can see are never computed. The Lq x Lk matrix never exists. Items with few
+// while its MR x block_k scores are still in L1. Keys that no row of a panel can see are never
+// computed, nor whole tiles that no row of the item can see. The Lq x Lk matrix never exists. Items with few
 // rows per KV head (Shape::direct: decode) do the two products with DirectTiles instead, on K and
 // V in place, and hold every KV head of their sequence.
 #pragma once
@@ -140,18 +142,22 @@ struct FusedAttention {
             return;
         }
         const float *kp = kv.k(s, k, it, j0, n, w);
-        for (int64_t r0 = 0; r0 < M; r0 += MR) panel_scores(s, kp, it, r0, std::min(M, r0 + MR), rows_per_head, j0, n, w);
+        for (int64_t r0 = 0; r0 < M; r0 += MR) {
+            const int64_t r1 = std::min(M, r0 + MR), cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
+            for (int64_t r = r0; r < r1; ++r) std::fill(w.s + r * s.block_k + cols, w.s + r * s.block_k + n, kNegInf);
+        }
     }
 
-    // Rows [r0, r1) of S (one register panel) against the packed K tile, masked; returns how many
-    // of the tile's keys the panel may see (past them its scores are -inf and never computed).
+    // Rows [r0, r1) of S (one register panel) against the packed K tile, masked. Returns how many
+    // of the tile's keys the panel may see: only those are computed and masked (the rest would
+    // all be -inf).
     static int64_t panel_scores(const Shape &s, const float *kp, const Item &it, int64_t r0, int64_t r1,
                                 int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w) {
         const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n);
-        if (cols > 0)
-            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, s.head_dim, w.q_packed + r0 * s.head_dim, kp,
-                                                   w.s + r0 * s.block_k, s.block_k, 1.0f, 0.0f);
-        mask_rows(s, it, r0, r1, rows_per_head, j0, n, w);
+        if (cols == 0) return 0;
+        gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, s.head_dim, w.q_packed + r0 * s.head_dim, kp,
+                                               w.s + r0 * s.block_k, s.block_k, 1.0f, 0.0f);
+        mask_rows(s, it, r0, r1, rows_per_head, j0, cols, w);
         return cols;
     }
 
@@ -211,9 +217,9 @@ struct FusedAttention {
             for (int64_t r0 = 0; r0 < M; r0 += MR) {
                 const int64_t r1 = std::min(M, r0 + MR);
                 const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
-                // Past `cols` every score of the panel is -inf: folding them would leave the state
-                // as it is (their P is 0), so the fold stops there, and a panel that sees none of
-                // the tile's keys is skipped.
+                // Past `cols` every score of the panel would be -inf: folding them would leave the
+                // state as it is (their P is 0), so the fold stops there, and a panel that sees
+                // none of the tile's keys is skipped.
                 if (cols == 0) continue;
                 float *sp = w.s + r0 * s.block_k;
                 Rows::online_fold(r1 - r0, cols, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);

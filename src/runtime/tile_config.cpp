@@ -43,12 +43,14 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // packing A costs as much as the product itself, so A is read in place.
     t.sup_max_n = 2 * uk.nr;
     t.sup_max_k = t.kc;
-    // Attention (FlashAttention's loop): an item's score tile is (group x BQ) x BK floats; with the
-    // packed K and V tiles (BK x D each) and the accumulator it has to stay in L2 across a key
-    // step. K and V tiles are packed once per item and key step, so a taller BQ spreads that cost
-    // over more rows; a multiple of MR leaves no edge tiles. BQ = 8 MR = 112, BK = 256 at D = 64:
-    // 112 KiB of scores, 128 KiB of K and V. Measured at L = 2048, H = 8, D = 64 on one thread:
-    // BQ 112-224 ran 15-25% faster than 56; BK 128-512 within noise.
+    // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
+    // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
+    // stay in L1, while the packed K and V tiles (BK x D each: 128 KiB at D = 64) and the item's
+    // accumulator stay in L2 for all its panels. K and V tiles are packed once per item and key
+    // step (once per strip when it caches them), so a taller BQ spreads that cost over more
+    // rows; a multiple of MR leaves no edge tiles. BQ = 8 MR = 112, BK = 256. Measured at
+    // L = 2048, H = 8, D = 64 on one thread: BQ 112-224 ran 15-25% faster than 56 (before the
+    // panel order; after it, 56-224 and BK 256-512 were all within noise).
     t.attn_block_q = 8 * uk.mr;
     t.attn_block_k = 256;
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
