@@ -10,9 +10,9 @@
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
 //   acc += P V               the microkernel again, P read in place
 // while its MR x block_k scores are still in L1. Keys that no row of a panel can see are never
-// computed, nor whole tiles that no row of the item can see. The Lq x Lk matrix never exists. Items with few
-// rows per KV head (Shape::direct: decode) do the two products with DirectTiles instead, on K and
-// V in place, and hold every KV head of their sequence.
+// computed, nor whole tiles that no row of the item can see. The Lq x Lk matrix never exists.
+// Items with few rows per KV head (Shape::direct: decode) do the two products with DirectTiles
+// instead, on K and V in place, and hold every KV head of their sequence.
 #pragma once
 
 #include <algorithm>
@@ -251,7 +251,8 @@ struct FusedAttention {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv);
+            float *dst = out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv;
+            Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, dst);
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }
