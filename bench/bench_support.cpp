@@ -252,26 +252,40 @@ double measure_fma_peak_gflops(int threads) {
 
 double fma_probe_gflops(int threads) { return fma_probe_run(threads, 1 << 19); }
 
-double measure_read_bandwidth_gbs(int threads) {
-    const int64_t n = int64_t{64} << 20;  // 256 MiB of floats, far past any L3 here
-    std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+namespace {
+
+// One pass of `threads` threads each streaming its share of a 256 MiB buffer, far past any L3
+// here (allocated on first use and kept); returns the GB/s.
+double read_pass_gbs(int threads) {
+    static std::vector<float> buf(size_t{64} << 20, 1.0f);
+    const int64_t per = static_cast<int64_t>(buf.size()) / threads;
     const bool avx512 = cpu_supports(Isa::avx512);
-    const int64_t per = n / threads;
-    volatile float sink = 0;
-    auto pass = [&] {
-        std::vector<std::thread> pool;
-        std::vector<float> sums(static_cast<size_t>(threads));
-        for (int t = 0; t < threads; ++t)
-            pool.emplace_back([&, t] {
-                const float *x = buf.data() + t * per;
-                sums[static_cast<size_t>(t)] = avx512 ? read_sum_avx512(x, per) : read_sum_avx2(x, per);
-            });
-        for (auto &th : pool) th.join();
-        sink = sink + sums[0];
-    };
-    const double s = time_median(pass, 0.5, 3);
+    std::vector<float> sums(static_cast<size_t>(threads));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+            const float *x = buf.data() + t * per;
+            sums[static_cast<size_t>(t)] = avx512 ? read_sum_avx512(x, per) : read_sum_avx2(x, per);
+        });
+    for (auto &th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile float sink = sums[0];
+    (void)sink;
     return static_cast<double>(per * threads) * sizeof(float) / s * 1e-9;
 }
+
+} // namespace
+
+double measure_read_bandwidth_gbs(int threads) {
+    read_pass_gbs(threads);  // first touch of the buffer
+    std::vector<double> runs;
+    for (int rep = 0; rep < 5; ++rep) runs.push_back(read_pass_gbs(threads));
+    std::sort(runs.begin(), runs.end());
+    return runs[runs.size() / 2];
+}
+
+double read_probe_gbs(int threads) { return read_pass_gbs(threads); }
 
 void ensure_anchor_environment(char **argv) {
     // Idle anchor threads must not spin on the cores the next measurement uses: OpenBLAS's pool

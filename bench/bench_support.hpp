@@ -111,6 +111,10 @@ double fma_probe_gflops(int threads);
 // the caches (the median of several passes).
 double measure_read_bandwidth_gbs(int threads);
 
+// One such pass (256 MiB; about 25 ms on one thread here), for benchmarks to interleave with the
+// memory-bound code they time, as fma_probe_gflops is for the compute-bound.
+double read_probe_gbs(int threads);
+
 // Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects this
 // CPU and runs about 6x slower), and stops idle OpenBLAS/OpenMP threads from spinning between
 // calls (OPENBLAS_THREAD_TIMEOUT=4, OMP_WAIT_POLICY=PASSIVE), unless the environment sets them;

@@ -37,7 +37,8 @@ struct Row {
     double rate = 0;            // in `unit`
     std::string unit;           // "GFLOP/s" or "Gelem/s"
     double peak_fraction = -1;  // of the FMA peak (or the read bandwidth); < 0 when it does not apply
-    double peak_in_row = -1;    // GFLOP/s rows: the FMA probe's median, timed interleaved with the row
+    double peak_in_row = -1;    // the probe's median, timed interleaved with the row: FMA GFLOP/s for
+                                // GFLOP/s rows, read GB/s for GB/s rows
     std::vector<std::pair<std::string, double>> vs;  // anchor -> its time / our time
     double part_ms = -1;        // layer: the attention step's share of ms (the rest is projections)
 };
@@ -47,25 +48,26 @@ struct Anchor {
     std::function<void()> run;
 };
 
-// Times `ours`, every anchor and, for GFLOP/s rows, the FMA probe in turn, and appends the row.
-// The share of the peak compares the row with the probe's median over the same window: on a
-// shared machine the start-up peak can be 10-15% off by the time a row runs.
+// Times `ours`, every anchor and a probe of the machine's peak in turn, and appends the row: the
+// FMA probe for GFLOP/s rows, the read-bandwidth probe for GB/s rows. The share of the peak
+// compares the row with the probe's median over the same window: on a shared machine the
+// start-up peak can be 10-15% off by the time a row runs.
 void measure(const Context &ctx, Row r, double work, const std::function<void()> &ours,
              const std::vector<Anchor> &anchors, std::vector<Row> &rows) {
     std::vector<std::function<void()>> fns = {ours};
     for (const auto &a : anchors) fns.push_back(a.run);
-    const bool flops = r.unit == "GFLOP/s";
+    const bool flops = r.unit == "GFLOP/s", bytes = r.unit == "GB/s";
     std::vector<double> probe;
     if (flops) fns.push_back([&] { probe.push_back(bench::fma_probe_gflops(r.threads)); });
+    if (bytes) fns.push_back([&] { probe.push_back(bench::read_probe_gbs(r.threads)); });
     const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
     r.ms = t[0] * 1e3;
     r.rate = work / t[0] * 1e-9;
-    if (flops) {
+    if (!probe.empty()) {
         std::sort(probe.begin(), probe.end());
         r.peak_in_row = probe[probe.size() / 2];
         r.peak_fraction = r.rate / r.peak_in_row;
     }
-    if (r.unit == "GB/s") r.peak_fraction = r.rate / ctx.bandwidth.at(r.threads);
     for (size_t i = 0; i < anchors.size(); ++i) r.vs.emplace_back(anchors[i].name, t[i + 1] / t[0]);
     rows.push_back(r);
 }
@@ -254,9 +256,9 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
         std::printf("\n");
     }
     std::printf("\nGF/s = GFLOP/s (attention: the nominal 4 L^2 D H, causal too); Ge/s = 10^9 elements/s; decode GB/s =\n"
-                "K and V bytes read per second. %%peak: GFLOP/s rows against the FMA probe of as many threads, timed\n"
-                "interleaved with the row (the start-up peak above is in the JSON as peak_fraction_startup); decode\n"
-                "rows against the read bandwidth of as many threads. vs X = X's time / mha's time, interleaved.\n"
+                "K and V bytes read per second. %%peak: GFLOP/s rows against the FMA probe of as many threads, decode\n"
+                "rows against the read-bandwidth probe of as many threads, each timed interleaved with the row (the\n"
+                "start-up figures above are in the JSON as peak_fraction_startup). vs X = X's time / mha's time.\n"
                 "Anchors: blocked/full = unfused attention on dnnl_sgemm (256-row blocks / whole matrix);\n"
                 "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
                 "non-causal = the same call without the causal mask (1.82x = causal at 0.55x the time);\n"
@@ -280,9 +282,13 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
                             {"threads", r.threads}, {"ms", r.ms}};
         o[r.unit == "GFLOP/s" ? "gflops" : r.unit == "GB/s" ? "gbs" : "gelem_per_s"] = r.rate;
         o["peak_fraction"] = r.peak_fraction >= 0 ? nlohmann::json(r.peak_fraction) : nlohmann::json(nullptr);
-        if (r.peak_in_row > 0) {
+        if (r.peak_in_row > 0 && r.unit == "GFLOP/s") {
             o["peak_gflops_in_row"] = r.peak_in_row;
             o["peak_fraction_startup"] = r.rate / ctx.peak.at(r.threads);
+        }
+        if (r.peak_in_row > 0 && r.unit == "GB/s") {
+            o["bandwidth_gbs_in_row"] = r.peak_in_row;
+            o["peak_fraction_startup"] = r.rate / ctx.bandwidth.at(r.threads);
         }
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
         if (r.part_ms >= 0) {
