@@ -90,6 +90,32 @@ TEST_CASE("mha-bench --quick --json prints one object with every suite") {
         CHECK(row["ms"].get<double>() > 0);
         CHECK((row.contains("gflops") || row.contains("gbs") || row.contains("gelem_per_s")));
         CHECK(row.contains("peak_fraction"));
+        // GFLOP/s and GB/s rows are shares of a probe timed beside them.
+        if (row.contains("gflops")) {
+            REQUIRE(row["peak_gflops_in_row"].get<double>() > 0);
+            CHECK(row["peak_fraction"].get<double>() ==
+                  doctest::Approx(row["gflops"].get<double>() / row["peak_gflops_in_row"].get<double>()));
+        }
+        if (row.contains("gbs")) {
+            REQUIRE(row["bandwidth_gbs_in_row"].get<double>() > 0);
+            CHECK(row["peak_fraction"].get<double>() ==
+                  doctest::Approx(row["gbs"].get<double>() / row["bandwidth_gbs_in_row"].get<double>()));
+        }
+        // Causal attention rows time the same call without the mask beside them; one-thread rows
+        // have nothing to compare with one thread.
+        const bool causal = row["shape"].get<std::string>().find("causal") != std::string::npos;
+        if (row["suite"] == "attention") CHECK(row["vs"].contains("non-causal") == causal);
+        if (row.contains("vs")) CHECK(!row["vs"].contains("1 thread"));
     }
     CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer"});
+}
+
+TEST_CASE("mha-bench on two threads compares each row with one thread") {
+    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 2 --filter 'decode/fused/B1[^0-9]'", false);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    REQUIRE(j["results"].size() == 1);
+    const auto &row = j["results"][0];
+    CHECK(row["threads"] == 2);
+    CHECK(row["vs"]["1 thread"].get<double>() > 0);
 }
