@@ -170,8 +170,8 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
         });
         return;
     }
-    // Fewer items than threads, or direct items: split each item's keys into its fixed chunks, compute the
-    // chunks' states on any thread, then merge each item's chunks in order.
+    // Fewer items than threads, or direct items: split each item's keys into its fixed chunks,
+    // compute the chunks' states on any thread, then merge each item's chunks in order.
     struct Task {
         size_t item;
         int64_t chunk;

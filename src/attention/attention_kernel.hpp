@@ -130,15 +130,7 @@ struct FusedAttention {
     static void scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0,
                        int64_t n, const ItemScratch &w, KVTiles &kv) {
         if (s.direct) {
-            // Per KV head: its G x rows_per_head rows against its K rows. Every head's rows see
-            // the same keys.
-            const int64_t D = s.head_dim, Mg = s.group() * rows_per_head;
-            const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
-            for (int64_t h = 0; h < it.kv_heads; ++h)
-                DirectTiles<Arch>::scores(Mg, cols, D, w.q_rows + h * Mg * D,
-                                          k + (it.b * s.kv_len + j0) * s.ldk + (it.g + h) * D, s.ldk,
-                                          w.s + h * Mg * s.block_k, s.block_k);
-            mask_rows(s, it, 0, M, rows_per_head, j0, n, w);
+            direct_scores(s, k, it, M, rows_per_head, j0, n, w);
             return;
         }
         const float *kp = kv.k(s, k, it, j0, n, w);
@@ -146,6 +138,21 @@ struct FusedAttention {
             const int64_t r1 = std::min(M, r0 + MR), cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
             for (int64_t r = r0; r < r1; ++r) std::fill(w.s + r * s.block_k + cols, w.s + r * s.block_k + n, kNegInf);
         }
+    }
+
+    // The direct path's scores, masked: per KV head, its G x rows_per_head rows against its K rows
+    // in place. Returns how many of the tile's keys the rows may see (every head's rows see the
+    // same keys); past them the scores are -inf.
+    static int64_t direct_scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head,
+                                 int64_t j0, int64_t n, const ItemScratch &w) {
+        const int64_t D = s.head_dim, Mg = s.group() * rows_per_head;
+        const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
+        for (int64_t h = 0; h < it.kv_heads; ++h)
+            DirectTiles<Arch>::scores(Mg, cols, D, w.q_rows + h * Mg * D,
+                                      k + (it.b * s.kv_len + j0) * s.ldk + (it.g + h) * D, s.ldk,
+                                      w.s + h * Mg * s.block_k, s.block_k);
+        mask_rows(s, it, 0, M, rows_per_head, j0, n, w);
+        return cols;
     }
 
     // Rows [r0, r1) of S (one register panel) against the packed K tile, masked. Returns how many
@@ -200,10 +207,9 @@ struct FusedAttention {
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
             if (s.direct) {
-                scores(s, k, it, M, rows_per_head, j0, n, w, kv);
+                const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
                 Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
                 const int64_t Mg = s.group() * rows_per_head;
-                const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
                 for (int64_t h = 0; h < it.kv_heads; ++h)
                     DirectTiles<Arch>::accumulate(Mg, cols, Dv, w.s + h * Mg * s.block_k, s.block_k,
                                                   v + (it.b * s.kv_len + j0) * s.ldv + (it.g + h) * Dv, s.ldv,
