@@ -227,65 +227,64 @@ void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len,
 
 namespace {
 
-double fma_probe_run(int threads, int64_t iters) {
-    const bool avx512 = cpu_supports(Isa::avx512);
-    auto probe = [&] { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); };
-    if (threads == 1) return probe();
+// Runs fn(t) on `threads` threads at once (on this one when there is one) and returns the sum of
+// what they return.
+template <class Fn>
+double sum_over_threads(int threads, const Fn &fn) {
+    if (threads == 1) return fn(0);
     std::vector<double> per(static_cast<size_t>(threads));
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = probe(); });
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { per[static_cast<size_t>(t)] = fn(t); });
     for (auto &th : pool) th.join();
     double sum = 0;
-    for (double g : per) sum += g;
+    for (double x : per) sum += x;
     return sum;
+}
+
+template <class Fn>
+double median_of_five(const Fn &fn) {
+    std::vector<double> runs;
+    for (int rep = 0; rep < 5; ++rep) runs.push_back(fn());
+    std::sort(runs.begin(), runs.end());
+    return runs[runs.size() / 2];
+}
+
+// GFLOP/s of `threads` threads each running `iters` rounds of the FMA probe.
+double fma_probe_run(int threads, int64_t iters) {
+    const bool avx512 = cpu_supports(Isa::avx512);
+    return sum_over_threads(threads, [&](int) { return avx512 ? fma_gflops_avx512(iters) : fma_gflops_avx2(iters); });
 }
 
 } // namespace
 
 double measure_fma_peak_gflops(int threads) {
     fma_probe_run(1, 1 << 22);  // warm up the wide units
-    std::vector<double> runs;
-    for (int rep = 0; rep < 5; ++rep) runs.push_back(fma_probe_run(threads, 1 << 23));
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2];
+    return median_of_five([&] { return fma_probe_run(threads, 1 << 23); });
 }
 
 double fma_probe_gflops(int threads) { return fma_probe_run(threads, 1 << 19); }
 
-namespace {
-
 // One pass of `threads` threads each streaming its share of a 256 MiB buffer, far past any L3
-// here (allocated on first use and kept); returns the GB/s.
-double read_pass_gbs(int threads) {
+// here (allocated on first use and kept).
+double read_probe_gbs(int threads) {
     static std::vector<float> buf(size_t{64} << 20, 1.0f);
     const int64_t per = static_cast<int64_t>(buf.size()) / threads;
     const bool avx512 = cpu_supports(Isa::avx512);
-    std::vector<float> sums(static_cast<size_t>(threads));
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&, t] {
-            const float *x = buf.data() + t * per;
-            sums[static_cast<size_t>(t)] = avx512 ? read_sum_avx512(x, per) : read_sum_avx2(x, per);
-        });
-    for (auto &th : pool) th.join();
+    const double total = sum_over_threads(threads, [&](int t) {
+        const float *x = buf.data() + t * per;
+        return static_cast<double>(avx512 ? read_sum_avx512(x, per) : read_sum_avx2(x, per));
+    });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    volatile float sink = sums[0];
+    volatile double sink = total;  // keeps the reads
     (void)sink;
     return static_cast<double>(per * threads) * sizeof(float) / s * 1e-9;
 }
 
-} // namespace
-
 double measure_read_bandwidth_gbs(int threads) {
-    read_pass_gbs(threads);  // first touch of the buffer
-    std::vector<double> runs;
-    for (int rep = 0; rep < 5; ++rep) runs.push_back(read_pass_gbs(threads));
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2];
+    read_probe_gbs(threads);  // first touch of the buffer
+    return median_of_five([&] { return read_probe_gbs(threads); });
 }
-
-double read_probe_gbs(int threads) { return read_pass_gbs(threads); }
 
 void ensure_anchor_environment(char **argv) {
     // Idle anchor threads must not spin on the cores the next measurement uses: OpenBLAS's pool
