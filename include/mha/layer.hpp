@@ -57,6 +57,16 @@ struct LayerForward {
     float *weights = nullptr;                 // NULL, or out: per-head probabilities [batch, H, q_len, kv_len]
 };
 
+// One step of a continuous batch through a KV cache (self-attention layers only).
+struct LayerCachedForward {
+    int64_t num_seqs = 0;
+    const int64_t *seq_ids = nullptr;    // [num_seqs], distinct; an id the cache lacks starts a new sequence
+    const int64_t *q_offsets = nullptr;  // [num_seqs + 1]: rows of x and out per sequence, its new tokens
+    bool causal = false;
+};
+
+class KVCache;
+
 class Layer {
 public:
     // Validates the configuration and the weights and packs the weights for rt's microkernel and
@@ -74,6 +84,13 @@ public:
     // Throws mha::Error on bad input, before writing anything.
     void forward(Runtime &rt, const LayerForward &p, const float *query, const float *key, const float *value,
                  float *out) const;
+
+    // x [total_q, E] -> out [total_q, E]: projects the new tokens, appends their K and V to each
+    // sequence of the cache, attends over the cache, projects out. The cache's heads and dims must
+    // match the layer's. Every sequence's append is checked before any is made: not enough free
+    // blocks throws Error(out_of_memory) with nothing appended or written. A token's output has the
+    // bits that forward() gives it in a causal self-attention over its whole sequence.
+    void forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x, float *out) const;
 
     const LayerConfig &config() const;  // resolved
     // Floating-point operations of one forward call (projections, attention without masks, output).

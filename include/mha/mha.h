@@ -141,6 +141,101 @@ typedef struct mha_layer_forward_params {
 mha_status mha_layer_forward(mha_runtime *rt, const mha_layer *layer, const mha_layer_forward_params *p,
                              const float *query, const float *key, const float *value, float *out);
 
+/* ---- Serving: ragged batches, a paged KV cache, incremental decode ----------------------------
+ * Every path below (mha_attention, mha_attention_varlen, mha_attention_cached, the layer's forward
+ * and forward_cached) computes a query row the same way: each score is one ordered sum over the
+ * head dimension, and keys are folded into the online softmax in fixed tiles and chunks aligned to
+ * absolute key positions (the runtime's attn_block_k and attn_kv_chunk). So a token's output has
+ * the same bits alone or in a batch of any composition, in a full prefill, a chunked prefill or a
+ * decode step, on any number of threads (for one runtime ISA and tile config). Values of V must be
+ * finite for this to hold (a masked key's V is multiplied by 0). */
+
+typedef struct mha_varlen_params {
+    int64_t num_seqs;
+    const int64_t *q_offsets;    /* [num_seqs + 1], non-decreasing, q_offsets[0] = 0: sequence s owns query rows q_offsets[s] .. q_offsets[s+1]-1 */
+    const int64_t *kv_offsets;   /* [num_seqs + 1], the same for key/value rows */
+    int64_t num_heads, num_kv_heads, head_dim, value_dim;
+    float scale;                 /* 0 = 1/sqrt(head_dim) */
+    int causal;                  /* bottom-right, per sequence, as in mha_attention_params */
+} mha_varlen_params;
+
+/* q [total_q, num_heads, head_dim], k [total_kv, num_kv_heads, head_dim], v [total_kv, num_kv_heads, value_dim],
+   out [total_q, num_heads, value_dim]; total_q = q_offsets[num_seqs]. A sequence with no queries is skipped;
+   one with queries and no keys gets zeros. No padding is computed: work items are (sequence, KV head,
+   query block), costliest first. */
+mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p,
+                                const float *q, const float *k, const float *v, float *out);
+
+typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;   /* MHA_BF16 answers MHA_UNSUPPORTED for now */
+
+/* A paged KV cache: fixed-size blocks of block_tokens tokens, all allocated (and zeroed) when the
+ * cache is created, handed to sequences through per-sequence block tables and reference-counted, so
+ * a fork shares its source's blocks and copies one only when a write would change a shared block.
+ * A block holds, per KV head, its tokens' K already in the GEMM microkernel's packed-panel layout
+ * (keys across the vector lanes) and their V rows, so attention reads each cached byte once and
+ * packs no K. The cache is tied to the runtime's ISA and tile config it was created with: attention
+ * through a runtime with another microkernel or attention tiles is refused.
+ *
+ * Threads: any number of host threads may call these functions on one cache at once, as long as a
+ * sequence is not written (append, release, or the layer's forward_cached) while another call
+ * reads or writes that same sequence (attention over it, fork from it, seq_len, read). Calls on
+ * different sequences never conflict; forking from a sequence while it is attended is fine. */
+typedef struct mha_kv_cache mha_kv_cache;
+typedef struct mha_kv_cache_config {
+    int64_t num_kv_heads, head_dim, value_dim;
+    int64_t block_tokens;        /* tokens per block; 0 = the runtime's choice. It must divide the runtime's
+                                    attn_block_k and be a multiple of the microkernel's NR (or equal attn_block_k) */
+    int64_t max_tokens;          /* capacity over all sequences, rounded up to whole blocks; every block is allocated at creation */
+    mha_dtype dtype;
+} mha_kv_cache_config;
+mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *config, mha_kv_cache **out);
+void       mha_kv_cache_destroy(mha_kv_cache *cache);                                   /* NULL is fine */
+/* Appends n_tokens rows of k [n_tokens, num_kv_heads, head_dim] and v [n_tokens, num_kv_heads, value_dim]
+   to sequence seq_id (any int64 >= 0; a new id starts an empty sequence, also with n_tokens = 0). Not
+   enough free blocks: MHA_OUT_OF_MEMORY, and nothing is appended. */
+mha_status mha_kv_cache_append(mha_runtime *rt, mha_kv_cache *cache, int64_t seq_id, int64_t n_tokens,
+                               const float *k, const float *v);
+mha_status mha_kv_cache_fork(mha_kv_cache *cache, int64_t src_seq, int64_t dst_seq);  /* shares src's blocks, copy-on-write; dst must be new */
+mha_status mha_kv_cache_release(mha_kv_cache *cache, int64_t seq_id);                 /* frees its blocks (shared ones when the last owner goes) */
+mha_status mha_kv_cache_seq_len(const mha_kv_cache *cache, int64_t seq_id, int64_t *len); /* unknown id: MHA_INVALID_ARGUMENT */
+/* Tokens that can still be appended: free blocks times block_tokens (the unused tail of a sequence's
+   last block belongs to that sequence and is not counted). */
+mha_status mha_kv_cache_free_tokens(const mha_kv_cache *cache, int64_t *tokens);
+/* Bytes of K/V storage the cache holds: whole blocks for max_tokens tokens. */
+mha_status mha_kv_cache_bytes(const mha_kv_cache *cache, uint64_t *bytes);
+/* The resolved configuration (block_tokens filled in). */
+mha_status mha_kv_cache_get_config(const mha_kv_cache *cache, mha_kv_cache_config *config);
+/* Copies cached positions [start, start + n_tokens) of seq_id back out as k [n_tokens, num_kv_heads, head_dim]
+   and v [n_tokens, num_kv_heads, value_dim] (either may be NULL to skip it). */
+mha_status mha_kv_cache_read(const mha_kv_cache *cache, int64_t seq_id, int64_t start, int64_t n_tokens,
+                             float *k, float *v);
+
+typedef struct mha_cached_params {
+    int64_t num_seqs;
+    const int64_t *seq_ids;      /* [num_seqs], distinct */
+    const int64_t *q_offsets;    /* [num_seqs + 1]: sequence s's n_s = q_offsets[s+1] - q_offsets[s] query rows are its last n_s cached tokens */
+    int64_t num_heads;           /* a multiple of the cache's num_kv_heads */
+    float scale;                 /* 0 = 1/sqrt(head_dim) */
+    int causal;                  /* query i of n_s sees cached positions <= len_s - n_s + i; 0: every cached position */
+} mha_cached_params;
+/* q [total_q, num_heads, head_dim] -> out [total_q, num_heads, value_dim]. One call serves a whole
+   continuous batch: some sequences prefilling a chunk, others decoding one token. */
+mha_status mha_attention_cached(mha_runtime *rt, const mha_kv_cache *cache, const mha_cached_params *p,
+                                const float *q, float *out);
+
+typedef struct mha_layer_cached_params {
+    int64_t num_seqs;
+    const int64_t *seq_ids;      /* [num_seqs], distinct; an id the cache does not hold starts a new sequence */
+    const int64_t *q_offsets;    /* [num_seqs + 1] rows of x and out per sequence: its new tokens */
+    int causal;
+} mha_layer_cached_params;
+/* x [total_q, E] -> out [total_q, E]: projects the new tokens, appends their K and V to each sequence,
+   attends over the cache, projects out. The cache's heads and dims must match the layer's, and the layer
+   must be a self-attention layer (kdim = vdim = E). Not enough free blocks for every sequence's new
+   tokens: MHA_OUT_OF_MEMORY, and nothing is appended or written. */
+mha_status mha_layer_forward_cached(mha_runtime *rt, const mha_layer *layer, mha_kv_cache *cache,
+                                    const mha_layer_cached_params *p, const float *x, float *out);
+
 #ifdef __cplusplus
 }
 #endif
