@@ -201,6 +201,65 @@ const std::vector<DecodeShape> &decode_shapes() {
     return shapes;
 }
 
+namespace {
+
+uint64_t splitmix64(uint64_t &state) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+} // namespace
+
+const std::vector<int64_t> &serving_prompt_lens() {
+    static const std::vector<int64_t> lens = [] {
+        uint64_t state = 0x5e1f13;
+        std::vector<int64_t> v;
+        for (int i = 0; i < 8; ++i) {
+            const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1p-53;
+            v.push_back(static_cast<int64_t>(64.0 * std::pow(32.0, u) + 0.5));
+        }
+        *std::min_element(v.begin(), v.end()) = 64;
+        *std::max_element(v.begin(), v.end()) = 2048;
+        return v;
+    }();
+    return lens;
+}
+
+std::string ServingHeads::str() const {
+    return "H" + std::to_string(heads) + (kv_heads == heads ? "" : "/" + std::to_string(kv_heads)) + " D" +
+           std::to_string(dim);
+}
+
+const std::vector<ServingHeads> &serving_prefill_heads() {
+    static const std::vector<ServingHeads> shapes = {{8, 8, 64, true}, {32, 8, 128, false}};
+    return shapes;
+}
+
+std::string ContinuousShape::str() const {
+    return std::to_string(prefills) + "x" + std::to_string(chunk) + "@" + std::to_string(prefill_cached) + "+" +
+           std::to_string(decodes) + "x1@" + std::to_string(decode_cached) + " " + heads.str();
+}
+
+const ContinuousShape &serving_continuous_shape() {
+    static const ContinuousShape shape = {2, 512, 1024, 30, 2048, {32, 8, 128, true}};
+    return shape;
+}
+
+double causal_pairs(int64_t q, int64_t kv) {
+    const double Q = static_cast<double>(q), K = static_cast<double>(kv);
+    return Q * (K - Q) + Q * (Q + 1) / 2;
+}
+
+void fill_hashed(float *x, size_t n, uint64_t seed, float scale) {
+    for (size_t i = 0; i < n; ++i) {
+        uint64_t state = seed * 0x100000001B3ull + i;
+        const double u = static_cast<double>(splitmix64(state) >> 40) * 0x1p-24;  // [0, 1)
+        x[i] = static_cast<float>((2.0 * u - 1.0) * scale);
+    }
+}
+
 void dnnl_attention(int threads, int64_t block_rows, int64_t batch, int64_t len, int64_t heads, int64_t dim,
                     bool causal, const float *q, const float *k, const float *v, float *out, std::vector<float> &scores) {
     static mha::Runtime softmax_rt(mha::RuntimeOptions{1, {}, {}, {}});
@@ -297,7 +356,9 @@ void ensure_anchor_environment(char **argv) {
         }
     };
 #ifdef MHA_HAVE_OPENBLAS
-    set_default("OPENBLAS_CORETYPE", "SkylakeX");
+    // Debian's OpenBLAS misdetects these CPUs; name the kernel set the CPU can run (SkylakeX's
+    // kernels are AVX-512 and die with SIGILL on a CPU without it, such as AMD Zen 3).
+    set_default("OPENBLAS_CORETYPE", __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
     set_default("OPENBLAS_THREAD_TIMEOUT", "4");
 #endif
 #ifdef MHA_HAVE_DNNL

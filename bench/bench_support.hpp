@@ -66,6 +66,41 @@ struct DecodeShape {
 };
 const std::vector<DecodeShape> &decode_shapes();
 
+// The serving suite of mha-bench (ragged prefill, decode and a continuous batch through the KV
+// cache). The prompt mix: 8 lengths drawn log-uniformly from [64, 2048] by a fixed seed
+// (splitmix64), then the shortest set to 64 and the longest to 2048 so the mix spans the range:
+// 244, 789, 126, 2048, 869, 304, 533, 64 (4977 tokens).
+const std::vector<int64_t> &serving_prompt_lens();
+
+// The heads of a serving row: H query heads over Hkv KV heads of dimension D (= Dv).
+struct ServingHeads {
+    int64_t heads, kv_heads, dim;
+    bool quick;
+    std::string str() const;  // "H32/8 D128", or "H8 D64" when Hkv = H
+};
+// The ragged prefill's shapes: H8 D64 (in --quick) and H32/8 D128.
+const std::vector<ServingHeads> &serving_prefill_heads();
+
+// A continuous-batching step: `prefills` sequences each prefilling a chunk of `chunk` new tokens
+// over `prefill_cached` tokens already cached, beside `decodes` sequences decoding one token each
+// with `decode_cached` tokens cached (the new one included).
+struct ContinuousShape {
+    int64_t prefills, chunk, prefill_cached, decodes, decode_cached;
+    ServingHeads heads;
+    std::string str() const;  // "2x512@1024+30x1@2048 H32/8 D128"
+    int64_t new_tokens() const { return prefills * chunk + decodes; }
+    int64_t cached_tokens() const { return prefills * (prefill_cached + chunk) + decodes * decode_cached; }
+};
+const ContinuousShape &serving_continuous_shape();
+
+// (query, key) pairs that causal attention computes for `q` queries that are the last of `kv`
+// positions (bottom-right): sum over i < q of kv - q + i + 1. A prompt of L: L (L + 1) / 2.
+double causal_pairs(int64_t q, int64_t kv);
+
+// Fills x[0, n) with values in [-scale, scale) from a fixed hash of (seed, index): the same on
+// every machine, and varied enough that no kernel path sees a degenerate input.
+void fill_hashed(float *x, size_t n, uint64_t seed, float scale);
+
 struct LayerShape {
     int64_t batch, len, embed, heads;
     bool quick;
@@ -115,7 +150,7 @@ double measure_read_bandwidth_gbs(int threads);
 // memory-bound code they time, as fma_probe_gflops is for the compute-bound.
 double read_probe_gbs(int threads);
 
-// Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects this
+// Must run first in main(): sets OPENBLAS_CORETYPE=SkylakeX, or Haswell without AVX-512 (Debian's OpenBLAS misdetects this
 // CPU and runs about 6x slower), and stops idle OpenBLAS/OpenMP threads from spinning between
 // calls (OPENBLAS_THREAD_TIMEOUT=4, OMP_WAIT_POLICY=PASSIVE), unless the environment sets them;
 // then re-executes the program so the libraries see them when they load.

@@ -8,15 +8,24 @@ Prints one JSON object: {"torch": "<version>", "threads": N, "ms": {"<shape>": m
 With --save DIR, also writes each shape's layer as mha-run reads it: DIR/<shape>/weights/<key>.npy
 and DIR/<shape>/query.npy, so `mha-run --weights DIR/<shape>/weights --num-heads H --query
 DIR/<shape>/query.npy --threads N --repeat 5 --json` times the same layer on the same input.
-need_weights=False, as a server calls it; OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects
-the CPU otherwise) unless the environment sets it.
+need_weights=False, as a server calls it; OPENBLAS_CORETYPE=SkylakeX (Haswell on a CPU without
+AVX-512; Debian's OpenBLAS misdetects the CPU otherwise) unless the environment sets it.
 """
 import argparse
 import json
 import os
 import time
 
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+def _has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
+
+
+# SkylakeX's kernels are AVX-512: on a CPU without it (AMD Zen 3) they die with SIGILL.
+os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX" if _has_avx512() else "Haswell")
 
 import torch  # noqa: E402
 
