@@ -112,44 +112,91 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
     s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
     s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
+    attention_detail::run_attention(st, ak, s, q, k, v, out);
+}
 
-    // Work items, costliest first (rows x keys they can see), so the threads finish together. With
-    // at least two (batch, KV head) strips per thread, an item is a whole strip, which packs each K
-    // and V tile once for all its query blocks (if the strip's packed K and V fit in 8 MiB);
-    // otherwise an item is one query block. Each row is computed the same way in both.
-    // Few rows per KV head (decode): the direct path, whose items take every KV head together and
-    // whose tiles are kDirectKeys tokens (see attention_shape.hpp).
-    s.direct = s.group() * s.block_q <= attention_detail::kDirectRows;
-    if (s.direct) s.block_k = attention_detail::kDirectKeys;
+namespace attention_detail {
+
+void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s, const float *q, const float *k,
+                   const float *v, float *out) {
+    // Work items, costliest first (rows x keys they can see), so the threads finish together.
+    // A sequence whose KV heads have few query rows each (decode) is one direct item holding every
+    // KV head (see DirectTiles). Otherwise, with at least two (sequence, KV head) strips per
+    // thread, an item is a whole strip, which packs each K and V tile once for all its query
+    // blocks (if the strip's packed K and V fit in 8 MiB, and K and V are not in a paged cache);
+    // otherwise an item is one query block. Each row is computed the same way in all of them.
     const int64_t T = st.num_threads, bk = s.block_k;
     const int64_t cache_bytes = (s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
-    // (A strip of one query block, as in decode, has nothing to reuse: packing into one small
-    // buffer then keeps the tiles in cache.)
-    s.cache_kv = !s.direct && s.q_len > s.block_q && s.batch * s.kv_heads >= 2 * T && cache_bytes <= (int64_t{8} << 20);
+    auto is_direct = [&](int64_t b) { return s.group() * s.qlen(b) <= kDirectRows; };
+    int64_t packed_strips = 0;
+    for (int64_t b = 0; b < s.batch; ++b)
+        if (s.qlen(b) > 0 && !is_direct(b)) packed_strips += s.kv_heads;
+    // (A strip of one query block has nothing to reuse: packing into one small buffer then keeps
+    // the tiles in cache.)
+    s.cache_kv = !s.kv_cache && s.q_len > s.block_q && packed_strips >= 2 * T && cache_bytes <= (int64_t{8} << 20);
     const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;
-    for (int64_t b = 0; b < s.batch; ++b)
-        for (int64_t g = 0; g < s.kv_heads; g += s.item_kv_heads())
-            for (int64_t i0 = 0; i0 < s.q_len; i0 += item_rows) {
-                const Item it{b, g, i0, std::min(s.q_len, i0 + item_rows), s.item_kv_heads()};
-                int64_t c = 0;
-                for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(b, i) + 1;
-                items.push_back(it);
-                cost.push_back(c);
-            }
-    std::vector<size_t> order(items.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    auto add = [&](const Item &it) {
+        int64_t c = 0;
+        for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(it.b, i) + 1;
+        items.push_back(it);
+        cost.push_back(c * it.kv_heads);
+    };
+    for (int64_t b = 0; b < s.batch; ++b) {
+        const int64_t n = s.qlen(b);
+        if (n == 0) continue;
+        if (is_direct(b)) {
+            add(Item{b, 0, 0, n, s.kv_heads, true});
+            continue;
+        }
+        for (int64_t g = 0; g < s.kv_heads; ++g)
+            for (int64_t i0 = 0; i0 < n; i0 += item_rows) add(Item{b, g, i0, std::min(n, i0 + item_rows), 1, false});
+    }
+    if (items.empty()) return;
 
-    const int64_t per_item = attention_detail::item_scratch_floats(s, ak.mr, ak.nr);
+    // Direct items split their keys into the fixed chunks: with all KV heads in one item there are
+    // as few of them as sequences, too few to balance the threads unless each is cut. So do all
+    // items when there are fewer than threads. A split item's chunks run as tasks of their own on
+    // any thread, and a second pass merges each item's chunk states in order.
+    const bool split_all = static_cast<int64_t>(items.size()) < T;
+    struct Task {
+        size_t item;
+        int64_t chunk;   // -1: the whole item
+        int64_t state;   // offset of a chunk's state in the states buffer
+        int64_t cost;
+    };
+    std::vector<Task> tasks;
+    std::vector<size_t> split;  // the items that are split, and their first state and chunk count
+    std::vector<int64_t> first_state, chunks;
+    int64_t state_floats = 0;
+    for (size_t n = 0; n < items.size(); ++n) {
+        const Item &it = items[n];
+        if (!it.direct && !split_all) {
+            tasks.push_back({n, -1, 0, cost[n]});
+            continue;
+        }
+        const int64_t end = s.key_end(it.b, it.i0, it.i1), per_state = it.rows(s) * (2 + s.value_dim);
+        const int64_t count = (end + s.kv_chunk - 1) / s.kv_chunk;
+        split.push_back(n);
+        first_state.push_back(state_floats);
+        chunks.push_back(count);
+        for (int64_t c = 0; c < count; ++c)
+            tasks.push_back({n, c, state_floats + c * per_state, it.rows(s) * std::min(s.kv_chunk, end - c * s.kv_chunk)});
+        state_floats += count * per_state;
+    }
+    std::stable_sort(tasks.begin(), tasks.end(), [](const Task &a, const Task &b) { return a.cost > b.cost; });
+
+    const int64_t per_item = item_scratch_floats(s, ak.mr, ak.nr);
+    auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T + state_floats));
+    float *states = scratch.data() + per_item * T;
     // Runs fn(task, scratch) for task in [0, count) on up to T threads, each taking the next task
     // in order (so the costliest start first) with its own scratch.
-    auto run_tasks = [&](int64_t count, float *scratch, const auto &fn) {
+    auto run_tasks = [&](int64_t count, const auto &fn) {
         const int64_t workers = std::min<int64_t>(T, count);
         std::atomic<int64_t> next{0};
         auto work = [&](int64_t w) {
-            for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch + w * per_item);
+            for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch.data() + w * per_item);
         };
         if (workers <= 1) return work(0);
         st.arena.execute([&] {
@@ -160,45 +207,18 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
                               tbb::simple_partitioner());
         });
     };
-
-    // Direct items always split their keys: with all KV heads in one item there are as few items
-    // as sequences, too few to balance two threads unless each is cut into chunks.
-    if (static_cast<int64_t>(items.size()) >= T && !s.direct) {
-        auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T));
-        run_tasks(static_cast<int64_t>(items.size()), scratch.data(), [&](int64_t n, float *w) {
-            ak.item(s, q, k, v, out, items[order[static_cast<size_t>(n)]], w);
-        });
-        return;
-    }
-    // Fewer items than threads, or direct items: split each item's keys into its fixed chunks,
-    // compute the chunks' states on any thread, then merge each item's chunks in order.
-    struct Task {
-        size_t item;
-        int64_t chunk;
-        int64_t state;  // offset of its state in the states buffer
-    };
-    std::vector<Task> tasks;
-    std::vector<int64_t> first_state(items.size()), chunks(items.size());
-    int64_t state_floats = 0;
-    for (size_t n = 0; n < items.size(); ++n) {
-        const Item &it = items[order[n]];
-        const int64_t end = s.key_end(it.b, it.i0, it.i1);
-        const int64_t per_state = it.rows(s) * (2 + s.value_dim);
-        chunks[n] = (end + s.kv_chunk - 1) / s.kv_chunk;
-        first_state[n] = state_floats;
-        for (int64_t c = 0; c < chunks[n]; ++c) tasks.push_back({n, c, state_floats + c * per_state});
-        state_floats += chunks[n] * per_state;
-    }
-    auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T + state_floats));
-    float *states = scratch.data() + per_item * T;
-    run_tasks(static_cast<int64_t>(tasks.size()), scratch.data(), [&](int64_t n, float *w) {
+    run_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t n, float *w) {
         const Task &t = tasks[static_cast<size_t>(n)];
-        ak.chunk(s, q, k, v, items[order[t.item]], t.chunk, states + t.state, w);
+        if (t.chunk < 0)
+            ak.item(s, q, k, v, out, items[t.item], w);
+        else
+            ak.chunk(s, q, k, v, items[t.item], t.chunk, states + t.state, w);
     });
-    run_tasks(static_cast<int64_t>(items.size()), scratch.data(), [&](int64_t n, float *w) {
-        ak.merge(s, q, k, out, items[order[static_cast<size_t>(n)]], chunks[static_cast<size_t>(n)],
-                 states + first_state[static_cast<size_t>(n)], w);
+    run_tasks(static_cast<int64_t>(split.size()), [&](int64_t n, float *w) {
+        const size_t i = static_cast<size_t>(n);
+        ak.merge(s, q, k, out, items[split[i]], chunks[i], states + first_state[i], w);
     });
 }
 
+} // namespace attention_detail
 } // namespace mha

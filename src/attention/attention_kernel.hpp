@@ -11,8 +11,16 @@
 //   acc += P V               the microkernel again, P read in place
 // while its MR x block_k scores are still in L1. Keys that no row of a panel can see are never
 // computed, nor whole tiles that no row of the item can see. The Lq x Lk matrix never exists.
-// Items with few rows per KV head (Shape::direct: decode) do the two products with DirectTiles
-// instead, on K and V in place, and hold every KV head of their sequence.
+// Items with few rows per KV head (Item::direct: decode) hold every KV head of their sequence and
+// walk K and V a few tokens at a time (see DirectTiles), packing no V.
+//
+// One arithmetic for every path, so a row's bits depend on nothing but its own inputs: a score is
+// the microkernel's ordered FMA chain over the head dimension (K read from a packed panel: packed
+// here, or as the KV cache stores it); key tiles start at multiples of block_k and chunks at
+// multiples of kv_chunk (absolute positions); the fold's sums ignore -inf past a row's keys (see
+// RowKernels::exp_store_sum); and P V adds each tile's ordered FMA chain, started from zero, to the
+// rescaled accumulator. K and V come from dense tensors (ragged or not) or from the paged cache
+// (Shape::kv_cache).
 #pragma once
 
 #include <algorithm>
@@ -30,33 +38,43 @@ namespace {
 
 inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// The scratch layout of one item.
+// The scratch layout of one item: the larger of what a packed and a direct item need.
 struct ItemScratch {
-    float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc;
-    static constexpr int kParts = 11;
-    static int64_t sizes(const Shape &s, int mr, int nr, int64_t out[kParts]) {
-        const int64_t M = s.item_kv_heads() * s.group() * s.block_q, Mp = round_up_to(M, mr), BK = s.block_k;
-        out[0] = M * s.head_dim;                       // q_rows: scaled Q rows, row-major
-        out[1] = Mp * s.head_dim;                      // q_packed: MR-row panels
+    float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc, *t;
+    static constexpr int kParts = 12;
+    static void kind_sizes(const Shape &s, bool direct, int mr, int nr, int64_t out[kParts]) {
+        const int64_t BK = s.block_k, D = s.head_dim, Dv = s.value_dim;
+        // Rows: a query block of the group's heads, or every KV head's rows of a direct item.
+        const int64_t M = direct ? s.kv_heads * kDirectRows : s.group() * s.block_q;
         const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
-        out[2] = tiles * round_up_to(BK, nr) * s.head_dim;   // k_packed: K^T in NR-column panels
-        out[3] = tiles * BK * round_up_to(s.value_dim, nr);  // v_packed: V in NR-column panels
-        if (s.direct) out[1] = out[2] = out[3] = 0;    // the direct path reads Q rows, K and V in place
-        out[4] = M * BK;                               // s: scores, then probabilities
-        out[5] = M;                                    // m: running max
-        out[6] = M;                                    // l: running sum
-        out[7] = M * s.value_dim;                      // acc: output accumulator
-        out[8] = M;                                    // cm, cl, cacc: the state of one key chunk
-        out[9] = M;
-        out[10] = M * s.value_dim;
+        out[0] = M * D;                                                   // q_rows: scaled Q rows, row-major
+        out[1] = direct ? s.kv_heads * round_up_to(kDirectRows, mr) * D  // q_packed: MR-row panels (per KV head)
+                        : round_up_to(M, mr) * D;
+        out[2] = direct ? round_up_to(kDirectKeys, nr) * D               // k_packed: K^T in NR-column panels
+                        : tiles * round_up_to(BK, nr) * D;
+        out[3] = direct ? 0 : tiles * BK * round_up_to(Dv, nr);           // v_packed: V in NR-column panels
+        out[4] = M * BK;                                                  // s: scores, then probabilities
+        out[5] = out[6] = M;                                              // m, l: running max and sum
+        out[7] = M * Dv;                                                  // acc: output accumulator
+        out[8] = out[9] = M;                                              // cm, cl, cacc: the state of one key chunk
+        out[10] = M * Dv;
+        out[11] = direct ? M * Dv : 0;                                    // t: a direct tile's P V
+    }
+    static int64_t sizes(const Shape &s, int mr, int nr, int64_t out[kParts]) {
+        int64_t packed[kParts], direct[kParts];
+        kind_sizes(s, false, mr, nr, packed);
+        kind_sizes(s, true, mr, nr, direct);
         int64_t total = 0;
-        for (int i = 0; i < kParts; ++i) total += round_up_to(out[i], 16);  // keep each part 64-byte aligned
+        for (int i = 0; i < kParts; ++i) {
+            out[i] = std::max(packed[i], direct[i]);
+            total += round_up_to(out[i], 16);  // keep each part 64-byte aligned
+        }
         return total;
     }
     ItemScratch(const Shape &s, int mr, int nr, float *base) {
         int64_t sz[kParts];
         sizes(s, mr, nr, sz);
-        float **parts[kParts] = {&q_rows, &q_packed, &k_packed, &v_packed, &this->s, &m, &l, &acc, &cm, &cl, &cacc};
+        float **parts[kParts] = {&q_rows, &q_packed, &k_packed, &v_packed, &this->s, &m, &l, &acc, &cm, &cl, &cacc, &t};
         for (int i = 0; i < kParts; ++i) {
             *parts[i] = base;
             base += round_up_to(sz[i], 16);
@@ -82,21 +100,23 @@ struct FusedAttention {
         }
     }
 
-    // Packed K and V tiles. Without the cache each key step packs its tiles again; with it (one
-    // strip = all query blocks of a (batch, KV head) on one thread) each tile is packed once, the
-    // first time a query block needs it, and reused by the later blocks.
+    // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
+    // again; with it (one strip = all query blocks of a (batch, KV head) on one thread) each tile is
+    // packed once, the first time a query block needs it, and reused by the later blocks. From the
+    // paged KV cache, K is read where it lies (already in panels) and only V is packed.
     struct KVTiles {
-        int64_t end = 0;                   // cache: keys the strip needs at most; tiles are packed this wide
-        int64_t k_ready = 0, v_ready = 0;  // cache: tiles packed so far
+        int64_t end = 0;                   // strip cache: keys the strip needs at most; tiles are packed this wide
+        int64_t k_ready = 0, v_ready = 0;  // strip cache: tiles packed so far
         int64_t width(const Shape &s, int64_t j0, int64_t n) const {
             return s.cache_kv ? std::min(s.block_k, end - j0) : n;
         }
         const float *k(const Shape &s, const float *k, const Item &it, int64_t j0, int64_t n, const ItemScratch &w) {
+            if (s.kv_cache) return nullptr;  // panel_scores reads the cache's panels
             const int64_t D = s.head_dim, t = j0 / s.block_k;
             float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
             if (!s.cache_kv || t >= k_ready) {
-                gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + (it.b * s.kv_len + j0) * s.ldk + it.g * D,
-                                            s.ldk, 1, dst);
+                gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + s.kv_row(it.b, j0) * s.ldk + it.g * D, s.ldk, 1,
+                                            dst);
                 k_ready = t + 1;
             }
             return dst;
@@ -106,9 +126,14 @@ struct FusedAttention {
                                             const ItemScratch &w) {
             const int64_t Dv = s.value_dim, t = j0 / s.block_k, depth = width(s, j0, n);
             float *dst = w.v_packed + (s.cache_kv ? t * s.block_k * round_up_to(Dv, NR) : 0);
-            if (!s.cache_kv || t >= v_ready) {
-                gemm::pack_panels<Arch, NR>(Dv, depth, v + (it.b * s.kv_len + j0) * s.ldv + it.g * Dv, 1,
-                                            s.ldv, dst);
+            if (s.kv_cache) {
+                const CacheView &c = *s.kv_cache;
+                for (int64_t j = 0, run; j < depth; j += run) {
+                    run = std::min(depth - j, c.run(j0 + j));
+                    gemm::pack_panels_into<Arch, NR>(Dv, run, c.v_row(it.b, it.g, j0 + j, Dv), 1, Dv, dst + j * NR, depth);
+                }
+            } else if (!s.cache_kv || t >= v_ready) {
+                gemm::pack_panels<Arch, NR>(Dv, depth, v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv, 1, s.ldv, dst);
                 v_ready = t + 1;
             }
             return {dst, depth};
@@ -126,11 +151,12 @@ struct FusedAttention {
         return std::min(lim, n);
     }
 
-    // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked.
+    // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked (-inf where unseen).
     static void scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head, int64_t j0,
                        int64_t n, const ItemScratch &w, KVTiles &kv) {
-        if (s.direct) {
-            direct_scores(s, k, it, M, rows_per_head, j0, n, w);
+        if (it.direct) {
+            const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
+            for (int64_t r = 0; r < M; ++r) std::fill(w.s + r * s.block_k + cols, w.s + r * s.block_k + n, kNegInf);
             return;
         }
         const float *kp = kv.k(s, k, it, j0, n, w);
@@ -140,30 +166,74 @@ struct FusedAttention {
         }
     }
 
-    // The direct path's scores, masked: per KV head, its G x rows_per_head rows against its K rows
-    // in place. Returns how many of the tile's keys the rows may see (every head's rows see the
-    // same keys); past them the scores are -inf.
+    // Tokens per step of a direct item: on dense K a step packs this many keys of each KV head
+    // (one NR panel); from the cache a step is what is left of the block.
+    static int64_t direct_step(const Shape &s, int64_t j, int64_t left) {
+        return std::min(left, s.kv_cache ? s.kv_cache->run(j) : round_up_to(kDirectKeys, NR));
+    }
+
+    // The direct path's scores, masked: per KV head, its G x rows_per_head rows against the keys'
+    // K panels (packed a step at a time from dense K, or the cache's). Returns how many of the
+    // tile's keys the rows may see (every head's rows see the same keys); scores past them are
+    // not written.
     static int64_t direct_scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head,
                                  int64_t j0, int64_t n, const ItemScratch &w) {
-        const int64_t D = s.head_dim, Mg = s.group() * rows_per_head;
+        const int64_t D = s.head_dim, Mg = s.group() * rows_per_head, Mgp = round_up_to(Mg, MR);
         const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
-        for (int64_t h = 0; h < it.kv_heads; ++h)
-            DirectTiles<Arch>::scores(Mg, cols, D, w.q_rows + h * Mg * D,
-                                      k + (it.b * s.kv_len + j0) * s.ldk + (it.g + h) * D, s.ldk,
-                                      w.s + h * Mg * s.block_k, s.block_k);
-        mask_rows(s, it, 0, M, rows_per_head, j0, n, w);
+        for (int64_t j = 0, step; j < cols; j += step) {
+            step = direct_step(s, j0 + j, cols - j);
+            for (int64_t h = 0; h < it.kv_heads; ++h) {
+                const float *kp = w.k_packed;
+                if (s.kv_cache)
+                    kp = s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D);
+                else
+                    gemm::pack_panels<Arch, NR>(step, D, k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, 1,
+                                                w.k_packed);
+                gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * Mgp * D, kp,
+                                                       w.s + h * Mg * s.block_k + j, s.block_k, 1.0f, 0.0f);
+            }
+        }
+        mask_rows(s, it, 0, M, rows_per_head, j0, cols, w);
         return cols;
     }
 
-    // Rows [r0, r1) of S (one register panel) against the packed K tile, masked. Returns how many
+    // acc += P V for a direct item's tile of `cols` keys: the tile's sum goes to t from zero, keys
+    // in order, V rows read in place a step of tokens at a time for every KV head, then joins acc.
+    static void direct_accumulate(const Shape &s, const float *v, const Item &it, int64_t M, int64_t rows_per_head,
+                                  int64_t j0, int64_t cols, const ItemScratch &w, float *acc) {
+        const int64_t Dv = s.value_dim, Mg = s.group() * rows_per_head;
+        std::fill(w.t, w.t + M * Dv, 0.0f);
+        for (int64_t j = 0, step; j < cols; j += step) {
+            step = direct_step(s, j0 + j, cols - j);
+            for (int64_t h = 0; h < it.kv_heads; ++h) {
+                const bool cached = s.kv_cache != nullptr;
+                const float *vr = cached ? s.kv_cache->v_row(it.b, it.g + h, j0 + j, Dv)
+                                         : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
+                DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr,
+                                              cached ? Dv : s.ldv, w.t + h * Mg * Dv);
+            }
+        }
+        for (int64_t r = 0; r < M; ++r) Rows::add(w.t + r * Dv, Dv, acc + r * Dv);
+    }
+
+    // Rows [r0, r1) of S (one register panel) against the tile's K panels, masked. Returns how many
     // of the tile's keys the panel may see: only those are computed and masked (the rest would
     // all be -inf).
     static int64_t panel_scores(const Shape &s, const float *kp, const Item &it, int64_t r0, int64_t r1,
                                 int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w) {
-        const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n);
+        const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n), D = s.head_dim;
         if (cols == 0) return 0;
-        gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, s.head_dim, w.q_packed + r0 * s.head_dim, kp,
-                                               w.s + r0 * s.block_k, s.block_k, 1.0f, 0.0f);
+        const float *qp = w.q_packed + r0 * D;
+        float *sp = w.s + r0 * s.block_k;
+        if (s.kv_cache) {  // the cache's panels, block by block
+            for (int64_t j = 0, run; j < cols; j += run) {
+                run = std::min(cols - j, s.kv_cache->run(j0 + j));
+                gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, run, D, qp, s.kv_cache->k_panels(it.b, it.g, j0 + j, D),
+                                                       sp + j, s.block_k, 1.0f, 0.0f);
+            }
+        } else {
+            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, D, qp, kp, sp, s.block_k, 1.0f, 0.0f);
+        }
         mask_rows(s, it, r0, r1, rows_per_head, j0, cols, w);
         return cols;
     }
@@ -174,16 +244,19 @@ struct FusedAttention {
             apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
     }
 
-    // Scaled Q rows of the group's heads, stacked head by head, then packed once.
+    // Scaled Q rows of the item's heads, stacked head by head, then packed: as one block, or (direct
+    // items) one block per KV head.
     static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
-                const float *src = q + (it.b * s.q_len + i) * s.ldq + (it.g * G + hh) * D;
+                const float *src = q + s.q_row(it.b, i) * s.ldq + (it.g * G + hh) * D;
                 float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
-        if (!s.direct) gemm::pack_panels<Arch, MR>(G * rows_per_head, D, w.q_rows, D, 1, w.q_packed);
+        const int64_t Mg = G * rows_per_head;
+        for (int64_t h = 0; h < it.kv_heads; ++h)
+            gemm::pack_panels<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
     }
 
     // Keys [0, key_end) are all that any row of the item can see: past the valid length, or
@@ -206,14 +279,11 @@ struct FusedAttention {
         start(M, Dv, m, l, acc);
         for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
-            if (s.direct) {
+            if (it.direct) {
                 const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
-                Rows::online_fold(M, n, w.s, s.block_k, m, l, acc, Dv, Dv);
-                const int64_t Mg = s.group() * rows_per_head;
-                for (int64_t h = 0; h < it.kv_heads; ++h)
-                    DirectTiles<Arch>::accumulate(Mg, cols, Dv, w.s + h * Mg * s.block_k, s.block_k,
-                                                  v + (it.b * s.kv_len + j0) * s.ldv + (it.g + h) * Dv, s.ldv,
-                                                  acc + h * Mg * Dv);
+                if (cols == 0) continue;  // the tile shows the rows nothing: their state stays
+                Rows::online_fold(M, cols, w.s, s.block_k, m, l, acc, Dv, Dv);
+                direct_accumulate(s, v, it, M, rows_per_head, j0, cols, w, acc);
                 continue;
             }
             // Register panel by register panel, so a panel's scores stay in L1 from Q K^T through
@@ -257,7 +327,7 @@ struct FusedAttention {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            float *dst = out + (it.b * s.q_len + i) * s.ldo + (it.g * G + hh) * Dv;
+            float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
             Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, dst);
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
@@ -273,7 +343,7 @@ struct FusedAttention {
         KVTiles kv;
         kv.end = key_end(s, strip);
         for (int64_t i0 = strip.i0; i0 < strip.i1; i0 += s.block_q) {
-            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q), strip.kv_heads};
+            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q), strip.kv_heads, strip.direct};
             const int64_t M = it.rows(s), end = key_end(s, it);
             pack_q(s, q, it, w);
             start(M, s.value_dim, w.m, w.l, w.acc);

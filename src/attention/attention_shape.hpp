@@ -8,9 +8,40 @@
 
 #include "mha/isa.hpp"
 
+namespace mha::detail { struct RuntimeState; }
+
 namespace mha::attention_detail {
 
+// Where a cached sequence's K and V live: the paged KV cache's blocks (see src/serving/). Block
+// `id` starts at pool + id * block_floats; for KV head h it holds the K of its block_tokens tokens
+// as NR-key panels (keys across the lanes, the packed B of Q K^T) at k_head * h, and their V rows
+// (value_dim floats each) at v_start + v_head * h. Sequence b's blocks are
+// blocks[table_off[b]], blocks[table_off[b] + 1], ...
+struct CacheView {
+    const float *pool = nullptr;
+    int64_t block_floats = 0, block_tokens = 0, nr = 0;
+    int64_t k_head = 0, v_start = 0, v_head = 0;
+    const int64_t *table_off = nullptr;
+    const int32_t *blocks = nullptr;
+    const float *block(int64_t b, int64_t j) const {
+        return pool + static_cast<int64_t>(blocks[table_off[b] + j / block_tokens]) * block_floats;
+    }
+    // K panels of KV head h from key j (j % nr == 0), panels of nr keys, depth head_dim.
+    const float *k_panels(int64_t b, int64_t h, int64_t j, int64_t head_dim) const {
+        return block(b, j) + h * k_head + (j % block_tokens) * head_dim;
+    }
+    // V row of key j, KV head h.
+    const float *v_row(int64_t b, int64_t h, int64_t j, int64_t value_dim) const {
+        return block(b, j) + v_start + h * v_head + (j % block_tokens) * value_dim;
+    }
+    // Keys from j to the end of j's block.
+    int64_t run(int64_t j) const { return block_tokens - j % block_tokens; }
+};
+
 struct Shape {
+    // Dense calls: batch sequences of q_len queries and kv_len keys. Ragged calls (q_off set):
+    // sequence b owns query rows [q_off[b], q_off[b + 1]) and key rows [kv_off[b], kv_off[b + 1]);
+    // q_len and kv_len are then the longest.
     int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, value_dim;
     float scale;
     bool causal;
@@ -21,17 +52,20 @@ struct Shape {
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
     int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
     bool cache_kv = false;      // items are strips that keep every packed K/V tile (see the scheduler)
-    bool direct = false;        // items have few rows and take K and V in place (DirectTiles), all KV heads at once
     int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
+    const int64_t *q_off = nullptr, *kv_off = nullptr;  // ragged: [batch + 1] row offsets
+    const CacheView *kv_cache = nullptr;  // K and V from a paged cache instead of k and v
     int64_t group() const { return heads / kv_heads; }
-    // KV heads per item: one, or on the direct path all of them, so that a key tile's rows are
-    // read whole (the heads of a token lie side by side) rather than a slice of each.
-    int64_t item_kv_heads() const { return direct ? kv_heads : 1; }
+    int64_t qlen(int64_t b) const { return q_off ? q_off[b + 1] - q_off[b] : q_len; }
+    int64_t kvlen(int64_t b) const { return kv_off ? kv_off[b + 1] - kv_off[b] : kv_len; }
+    int64_t q_row(int64_t b, int64_t i) const { return (q_off ? q_off[b] : b * q_len) + i; }
+    int64_t kv_row(int64_t b, int64_t j) const { return (kv_off ? kv_off[b] : b * kv_len) + j; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {
-        int64_t lim = kv_len;
+        const int64_t n = kvlen(b);
+        int64_t lim = n;
         if (valid_lens && valid_lens[b] < lim) lim = valid_lens[b];
-        if (causal && i + kv_len - q_len + 1 < lim) lim = i + kv_len - q_len + 1;
+        if (causal && i + n - qlen(b) + 1 < lim) lim = i + n - qlen(b) + 1;
         return lim < 0 ? 0 : lim;
     }
     // Keys [0, end) are all that queries [i0, i1) of batch b can see between them.
@@ -44,10 +78,13 @@ struct Shape {
 
 // One work item: query rows [i0, i1) of every head that shares KV heads [g, g + kv_heads), in
 // batch b; one query block, or (with Shape::cache_kv) a strip of them. Its rows are stacked head
-// by head: row r is query i0 + r % (i1 - i0) of head g * group + r / (i1 - i0).
+// by head: row r is query i0 + r % (i1 - i0) of head g * group + r / (i1 - i0). Direct items
+// (few rows per KV head: decode) hold every KV head of their sequence and walk K and V token by
+// token (see DirectTiles); the others pack K^T and V tile by tile for the GEMM microkernel.
 struct Item {
     int64_t b, g, i0, i1;
     int64_t kv_heads = 1;
+    bool direct = false;
     int64_t rows(const Shape &s) const { return kv_heads * s.group() * (i1 - i0); }
 };
 
@@ -55,11 +92,18 @@ struct Item {
 // speculative steps) take the direct path; see DirectTiles. At H32/8 D128 Lk4096 it measured
 // 2% faster than the packed path at 8 rows, 4% at 12, even at 16 and 35% slower at 24.
 inline constexpr int64_t kDirectRows = 12;
-// Keys per tile on the direct path. Each tile reads the rows of tile-many tokens whole, K then V;
-// 16 tokens keep that within the streams the L2 prefetcher tracks (16 K and 16 V pages at Hkv x
-// D x 4 = 4 KiB per token): a probe read H32/8 D128 K/V this way at 13-16 GB/s against 5-6
-// GB/s head by head, and 11 GB/s for one sequential stream.
+// Tokens per step of the direct path on dense K and V. Within a key tile it reads the rows of this
+// many tokens whole, K then V: 16 tokens keep that within the streams the L2 prefetcher tracks
+// (16 K and 16 V pages at Hkv x D x 4 = 4 KiB per token): a probe read H32/8 D128 K/V this way at
+// 13-16 GB/s against 5-6 GB/s head by head, and 11 GB/s for one sequential stream. (It rounds up
+// to the microkernel's NR, the width of one packed K panel.)
 inline constexpr int64_t kDirectKeys = 16;
+
+// The scheduler: spreads the items of a shape over the runtime's threads, costliest first, and
+// runs them with the kernel (used by every attention entry point).
+struct AttentionKernel;
+void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s, const float *q, const float *k,
+                   const float *v, float *out);
 
 // Floats of scratch one item needs (the same layout the kernels carve up).
 int64_t item_scratch_floats(const Shape &s, int mr, int nr);

@@ -1,16 +1,16 @@
-// The key tiles of an item with few query rows (decode: one query per head, a GQA group of heads),
-// computed straight from K and V where they lie, with no packing. Written once over an xsimd
-// architecture. Include only from an ISA's translation unit.
+// P V for an item with few query rows (decode: one query per head, a GQA group of heads), with V
+// read where it lies, no packing. Written once over an xsimd architecture. Include only from an
+// ISA's translation unit.
 //
-// With M rows against a key tile, the packed path packs K^T and V (every key, once per item) for
-// an MR-row microkernel that runs mostly empty. Here instead (the caller walks the tokens so that
-// the reads stream; that, more than the arithmetic, is what decode's speed rests on: see
-// kDirectKeys in attention_shape.hpp):
-//   S[r, j] = q_r . k_j     W keys at a time: one vector accumulator per key, summed across lanes
-//                           together (simd::lane_sums), so each lane of the result is one key
-//   acc[r] += P[r, j] v_j   v_j's row read in place, broadcast P, up to 4 rows x 4 vectors of
-//                           accumulators held in registers across the keys
-// Each sum runs in a fixed order, so the bits do not depend on where the tile came from.
+// With M rows against a key tile, the packed path packs V (every key, once per item) for an
+// MR-row microkernel that runs mostly empty. Here instead the caller walks the tokens so that the
+// reads stream (that, more than the arithmetic, is what decode's speed rests on: see kDirectKeys
+// in attention_shape.hpp), and
+//   t[r] += P[r, j] v_j     v_j's row read in place, broadcast P, up to 4 rows x 4 vectors of
+//                           sums held in registers across the keys
+// Each element of t is the ordered FMA chain over the keys that the GEMM microkernel computes, so
+// the bits are those of the packed path. (The scores of direct items go through the microkernel
+// itself, on K panels packed a few keys at a time or read from the KV cache.)
 #pragma once
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 #include <xsimd/xsimd.hpp>
 
 #include "simd/fmadd.hpp"
-#include "simd/lane_sums.hpp"
 #include "softmax/partial.hpp"
 
 namespace mha::attention_detail {
@@ -30,35 +29,6 @@ struct DirectTiles {
     using V = xsimd::batch<float, Arch>;
     using Tail = softmax_detail::Partial<Arch>;
     static constexpr int W = static_cast<int>(V::size);
-
-    // s[r * lds + j] = q[r * D : r * D + D] . k[j * ldk : j * ldk + D] for r < M, j < n.
-    static void scores(int64_t M, int64_t n, int64_t D, const float *q, const float *k, int64_t ldk, float *s,
-                       int64_t lds) {
-        const int64_t full = D / W * W;
-        for (int64_t j = 0; j < n; j += W) {
-            const int64_t nk = std::min<int64_t>(W, n - j);
-            const float *rows[W];  // past the tile's end, repeat its last key (its lanes are not stored)
-            for (int t = 0; t < W; ++t) rows[t] = k + (j + std::min<int64_t>(t, nk - 1)) * ldk;
-            for (int64_t r = 0; r < M; ++r) {
-                const float *qr = q + r * D;
-                V acc[W];
-                for (int t = 0; t < W; ++t) acc[t] = V(0.0f);
-                for (int64_t d = 0; d < full; d += W) {
-                    const V qv = V::load_unaligned(qr + d);
-                    for (int t = 0; t < W; ++t) acc[t] = simd::fmadd(qv, V::load_unaligned(rows[t] + d), acc[t]);
-                }
-                if (full < D) {
-                    const V qv = Tail::load(qr + full, D - full, 0.0f);
-                    for (int t = 0; t < W; ++t) acc[t] = simd::fmadd(qv, Tail::load(rows[t] + full, D - full, 0.0f), acc[t]);
-                }
-                const V sum = simd::lane_sums<Arch>(acc);
-                if (nk == W)
-                    sum.store_unaligned(s + r * lds + j);
-                else
-                    Tail::store(s + r * lds + j, nk, sum);
-            }
-        }
-    }
 
     // acc[r * Dv + c] += sum_j p[r * ldp + j] * v[j * ldv + c] for r < M, j < n, c < Dv, the keys
     // in order.

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "gemm/prepacked.hpp"
 #include "mha/attention.hpp"
+#include "mha/serving.hpp"
 #include "runtime/runtime_state.hpp"
+#include "serving/kv_cache_impl.hpp"
 #include "runtime/validate.hpp"
 
 namespace mha {
@@ -247,6 +250,69 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     }
     attention(rt, ap, qs, ks, vs, os);
     project(m.out_proj, q_tokens, os, Hq, out, c.embed_dim);
+}
+
+void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x,
+                           float *out) const {
+    const Impl &m = *impl_;
+    const LayerConfig &c = m.cfg;
+    KVCache::Impl &kc = cache.impl();
+    const KVCacheConfig &cc = kc.cfg;
+    auto &st = rt.state();
+    if (!m.fused) invalid_argument("forward_cached needs a self-attention layer (kdim = vdim = embed_dim)");
+    if (cc.num_kv_heads != c.num_kv_heads || cc.head_dim != c.head_dim || cc.value_dim != c.value_dim)
+        invalid_argument("the kv cache holds num_kv_heads = " + std::to_string(cc.num_kv_heads) + ", head_dim = " +
+                         std::to_string(cc.head_dim) + ", value_dim = " + std::to_string(cc.value_dim) +
+                         " but the layer has " + std::to_string(c.num_kv_heads) + ", " + std::to_string(c.head_dim) +
+                         ", " + std::to_string(c.value_dim));
+    kc.check_runtime(st);
+    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
+    if (p.num_seqs > 0) {
+        detail::check_not_null("seq_ids", p.seq_ids);
+        detail::check_not_null("q_offsets", p.q_offsets);
+    }
+    if (p.num_seqs > 0 && p.q_offsets[0] != 0)
+        invalid_argument("q_offsets[0] = " + std::to_string(p.q_offsets[0]) + " must be 0");
+    std::unordered_set<int64_t> seen;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+        if (p.q_offsets[s + 1] < p.q_offsets[s])
+            invalid_argument("q_offsets decreases at [" + std::to_string(s + 1) + "]");
+        if (p.seq_ids[s] < 0) invalid_argument("seq_ids[" + std::to_string(s) + "] = " + std::to_string(p.seq_ids[s]) + " is negative");
+        if (!seen.insert(p.seq_ids[s]).second)
+            invalid_argument("seq_ids[" + std::to_string(s) + "] = " + std::to_string(p.seq_ids[s]) + " appears twice");
+    }
+    const int64_t tokens = p.num_seqs > 0 ? p.q_offsets[p.num_seqs] : 0;
+    const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
+    if (tokens) {
+        detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
+        detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
+    }
+    // Scratch: [tokens, q | k | v] from the one fused projection, and the attention's output O.
+    const int64_t q_floats = product({tokens, m.qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
+    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats));
+    float *qkv = scratch.data(), *os = qkv + q_floats;
+    if (tokens)
+        gemm::sgemm_prepacked(st, tokens, m.v_off + m.nv, x, c.embed_dim, m.qkv, 0,
+                              m.qkv_bias.empty() ? nullptr : m.qkv_bias.data(), qkv, m.qkv_width);
+    // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
+    std::vector<KVCache::Impl::Append> appends;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+        const float *row = qkv + p.q_offsets[s] * m.qkv_width;
+        appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row + m.k_off, row + m.v_off,
+                           m.qkv_width, m.qkv_width});
+    }
+    kc.append_all(appends);
+    if (!tokens) return;
+    CachedParams ap;
+    ap.num_seqs = p.num_seqs;
+    ap.seq_ids = p.seq_ids;
+    ap.q_offsets = p.q_offsets;
+    ap.num_heads = c.num_heads;
+    ap.causal = p.causal;
+    ap.q_stride = m.qkv_width;
+    ap.out_stride = Hq;
+    attention_cached(rt, cache, ap, qkv, os);
+    gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, out, c.embed_dim);
 }
 
 } // namespace mha

@@ -13,26 +13,28 @@ namespace {
 // Packs a count x kc operand into panels of W along x: element (x, p) = src[x * sx + p * sp] goes
 // to out[(x / W) * W * kc + p * W + x % W]; the last panel is zero-padded to W.
 // A is packed with x = row (sx = rs_a, sp = cs_a), B with x = column (sx = cs_b, sp = rs_b).
+// pack_panels_into fills panels of depth ld >= kc a few depth steps at a time: element (x, p)
+// goes to out[(x / W) * W * ld + p * W + x % W].
 template <class Arch, int W>
-void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
+void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, int64_t ld) {
     const int64_t full = count / W * W, tail = count - full;
     if (tail)  // zero the padding of the last panel; the copies below never touch it
         for (int64_t p = 0; p < kc; ++p)
-            for (int64_t x = tail; x < W; ++x) out[full * kc + p * W + x] = 0.0f;
+            for (int64_t x = tail; x < W; ++x) out[full * ld + p * W + x] = 0.0f;
     if (sx == 1) {
         // The values of one depth step are contiguous (B, or A^T): walk the source row by row, so
         // the reads stream through memory, and deal each row out to the panels.
         for (int64_t p = 0; p < kc; ++p) {
             const float *row = src + p * sp;
-            for (int64_t x0 = 0; x0 < full; x0 += W) std::memcpy(out + x0 * kc + p * W, row + x0, W * sizeof(float));
-            if (tail) std::memcpy(out + full * kc + p * W, row + full, static_cast<size_t>(tail) * sizeof(float));
+            for (int64_t x0 = 0; x0 < full; x0 += W) std::memcpy(out + x0 * ld + p * W, row + x0, W * sizeof(float));
+            if (tail) std::memcpy(out + full * ld + p * W, row + full, static_cast<size_t>(tail) * sizeof(float));
         }
     } else if (sp == 1) {
         // Each x is contiguous along depth (A, or B^T): transpose L x L blocks in registers.
         constexpr int L = Transpose<Arch>::L;
         for (int64_t x0 = 0; x0 < count; x0 += W) {
             const int64_t w = count - x0 < W ? count - x0 : W;
-            float *panel = out + x0 * kc;
+            float *panel = out + x0 * ld;
             int64_t p0 = 0;
             for (; p0 + L <= kc; p0 += L)
                 for (int64_t xg = 0; xg < w; xg += L)
@@ -43,8 +45,13 @@ void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_
         }
     } else {
         for (int64_t x = 0; x < count; ++x)
-            for (int64_t p = 0; p < kc; ++p) out[x / W * W * kc + p * W + x % W] = src[x * sx + p * sp];
+            for (int64_t p = 0; p < kc; ++p) out[x / W * W * ld + p * W + x % W] = src[x * sx + p * sp];
     }
+}
+
+template <class Arch, int W>
+void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
+    pack_panels_into<Arch, W>(count, kc, src, sx, sp, out, kc);
 }
 
 } // namespace

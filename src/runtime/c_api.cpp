@@ -8,6 +8,7 @@
 #include "mha/layer.hpp"
 #include "mha/mha.h"
 #include "mha/runtime.hpp"
+#include "mha/serving.hpp"
 #include "mha/softmax.hpp"
 
 struct mha_runtime {
@@ -18,6 +19,11 @@ struct mha_runtime {
 struct mha_layer {
     mha::Layer layer;
     mha_layer(mha::Runtime &rt, const mha::LayerConfig &c, const mha::LayerWeights &w) : layer(rt, c, w) {}
+};
+
+struct mha_kv_cache {
+    mha::KVCache cache;
+    mha_kv_cache(mha::Runtime &rt, const mha::KVCacheConfig &c) : cache(rt, c) {}
 };
 
 namespace {
@@ -47,6 +53,11 @@ mha_status guarded(Fn &&fn) noexcept {
 mha::Runtime &runtime_of(mha_runtime *rt) {
     if (!rt) mha::invalid_argument("rt is NULL");
     return rt->rt;
+}
+
+mha::KVCache &cache_of(const mha_kv_cache *cache) {
+    if (!cache) mha::invalid_argument("cache is NULL");
+    return const_cast<mha_kv_cache *>(cache)->cache;
 }
 
 mha::LayerConfig layer_config(const mha_layer_config *c) {
@@ -188,6 +199,132 @@ mha_status mha_layer_forward(mha_runtime *rt, const mha_layer *layer, const mha_
         f.mask_row_stride = p->mask_row_stride;
         f.weights = p->weights;
         layer->layer.forward(r, f, query, key, value, out);
+    });
+}
+
+mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p, const float *q, const float *k,
+                                const float *v, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!p) mha::invalid_argument("p is NULL");
+        mha::VarlenParams a;
+        a.num_seqs = p->num_seqs;
+        a.q_offsets = p->q_offsets;
+        a.kv_offsets = p->kv_offsets;
+        a.num_heads = p->num_heads;
+        a.num_kv_heads = p->num_kv_heads;
+        a.head_dim = p->head_dim;
+        a.value_dim = p->value_dim;
+        a.scale = p->scale;
+        a.causal = p->causal != 0;
+        mha::attention_varlen(r, a, q, k, v, out);
+    });
+}
+
+mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *config, mha_kv_cache **out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        *out = nullptr;
+        mha::Runtime &r = runtime_of(rt);
+        if (!config) mha::invalid_argument("config is NULL");
+        mha::KVCacheConfig c;
+        c.num_kv_heads = config->num_kv_heads;
+        c.head_dim = config->head_dim;
+        c.value_dim = config->value_dim;
+        c.block_tokens = config->block_tokens;
+        c.max_tokens = config->max_tokens;
+        c.dtype = static_cast<mha::DType>(config->dtype);
+        *out = new mha_kv_cache(r, c);
+    });
+}
+
+void mha_kv_cache_destroy(mha_kv_cache *cache) { delete cache; }
+
+mha_status mha_kv_cache_append(mha_runtime *rt, mha_kv_cache *cache, int64_t seq_id, int64_t n_tokens,
+                               const float *k, const float *v) {
+    return guarded([&] {
+        runtime_of(rt);
+        cache_of(cache).append(seq_id, n_tokens, k, v);
+    });
+}
+
+mha_status mha_kv_cache_fork(mha_kv_cache *cache, int64_t src_seq, int64_t dst_seq) {
+    return guarded([&] { cache_of(cache).fork(src_seq, dst_seq); });
+}
+
+mha_status mha_kv_cache_release(mha_kv_cache *cache, int64_t seq_id) {
+    return guarded([&] { cache_of(cache).release(seq_id); });
+}
+
+mha_status mha_kv_cache_seq_len(const mha_kv_cache *cache, int64_t seq_id, int64_t *len) {
+    return guarded([&] {
+        const mha::KVCache &c = cache_of(cache);
+        if (!len) mha::invalid_argument("len is NULL");
+        *len = c.seq_len(seq_id);
+    });
+}
+
+mha_status mha_kv_cache_free_tokens(const mha_kv_cache *cache, int64_t *tokens) {
+    return guarded([&] {
+        const mha::KVCache &c = cache_of(cache);
+        if (!tokens) mha::invalid_argument("tokens is NULL");
+        *tokens = c.free_tokens();
+    });
+}
+
+mha_status mha_kv_cache_bytes(const mha_kv_cache *cache, uint64_t *bytes) {
+    return guarded([&] {
+        const mha::KVCache &c = cache_of(cache);
+        if (!bytes) mha::invalid_argument("bytes is NULL");
+        *bytes = c.bytes();
+    });
+}
+
+mha_status mha_kv_cache_get_config(const mha_kv_cache *cache, mha_kv_cache_config *config) {
+    return guarded([&] {
+        const mha::KVCache &c = cache_of(cache);
+        if (!config) mha::invalid_argument("config is NULL");
+        const mha::KVCacheConfig &r = c.config();
+        *config = mha_kv_cache_config{r.num_kv_heads, r.head_dim,   r.value_dim,
+                                      r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype)};
+    });
+}
+
+mha_status mha_kv_cache_read(const mha_kv_cache *cache, int64_t seq_id, int64_t start, int64_t n_tokens, float *k,
+                             float *v) {
+    return guarded([&] { cache_of(cache).read(seq_id, start, n_tokens, k, v); });
+}
+
+mha_status mha_attention_cached(mha_runtime *rt, const mha_kv_cache *cache, const mha_cached_params *p,
+                                const float *q, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        const mha::KVCache &c = cache_of(cache);
+        if (!p) mha::invalid_argument("p is NULL");
+        mha::CachedParams a;
+        a.num_seqs = p->num_seqs;
+        a.seq_ids = p->seq_ids;
+        a.q_offsets = p->q_offsets;
+        a.num_heads = p->num_heads;
+        a.scale = p->scale;
+        a.causal = p->causal != 0;
+        mha::attention_cached(r, c, a, q, out);
+    });
+}
+
+mha_status mha_layer_forward_cached(mha_runtime *rt, const mha_layer *layer, mha_kv_cache *cache,
+                                    const mha_layer_cached_params *p, const float *x, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!layer) mha::invalid_argument("layer is NULL");
+        mha::KVCache &c = cache_of(cache);
+        if (!p) mha::invalid_argument("p is NULL");
+        mha::LayerCachedForward f;
+        f.num_seqs = p->num_seqs;
+        f.seq_ids = p->seq_ids;
+        f.q_offsets = p->q_offsets;
+        f.causal = p->causal != 0;
+        layer->layer.forward_cached(r, c, f, x, out);
     });
 }
 

@@ -54,11 +54,13 @@ struct RowKernels {
         return false;
     }
 
-    // y[i] = exp(x[i] - max) for i < n; returns their sum, accumulated in four registers in an
-    // order that depends only on n. x == y is allowed.
+    // y[i] = exp(x[i] - max) for i < n; returns their sum. Vector v of the row (x[v W : v W + W])
+    // always goes into accumulator v % 4, and the four are combined in one fixed order, so entries
+    // that add 0 (exp(-inf)) past the end of a row never change its sum: a row gives the same bits
+    // whatever n its caller covers beyond the row's last finite score. x == y is allowed.
     static float exp_store_sum(const float *x, int64_t n, float max, float *y) {
         const V vm(max);
-        V s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+        V s[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
         int64_t i = 0;
         for (; i + 4 * W <= n; i += 4 * W) {
             const V e0 = vexp<Arch>(V::load_unaligned(x + i) - vm);
@@ -69,22 +71,22 @@ struct RowKernels {
             e1.store_unaligned(y + i + W);
             e2.store_unaligned(y + i + 2 * W);
             e3.store_unaligned(y + i + 3 * W);
-            s0 += e0;
-            s1 += e1;
-            s2 += e2;
-            s3 += e3;
+            s[0] += e0;
+            s[1] += e1;
+            s[2] += e2;
+            s[3] += e3;
         }
-        for (; i + W <= n; i += W) {
-            const V e = vexp<Arch>(V::load_unaligned(x + i) - vm);
-            e.store_unaligned(y + i);
-            s0 += e;
+        for (int a = 0; i < n; i += W, ++a) {
+            const int64_t left = n - i;
+            const V e = left >= W ? vexp<Arch>(V::load_unaligned(x + i) - vm)
+                                  : vexp<Arch>(P::load(x + i, left, kNegInf) - vm);  // padding: exp(-inf) = 0
+            if (left >= W)
+                e.store_unaligned(y + i);
+            else
+                P::store(y + i, left, e);
+            s[a] += e;
         }
-        if (i < n) {
-            const V e = vexp<Arch>(P::load(x + i, n - i, kNegInf) - vm);  // padding gives exp(-inf) = 0
-            P::store(y + i, n - i, e);
-            s1 += e;
-        }
-        return xsimd::hadd((s0 + s1) + (s2 + s3));
+        return xsimd::hadd((s[0] + s[1]) + (s[2] + s[3]));
     }
 
     // y[0:n] = x[0:n] * s; x == y is allowed.
@@ -93,6 +95,13 @@ struct RowKernels {
         int64_t i = 0;
         for (; i + W <= n; i += W) (V::load_unaligned(x + i) * vs).store_unaligned(y + i);
         if (i < n) P::store(y + i, n - i, P::load(x + i, n - i, 0.0f) * vs);
+    }
+
+    // y[0:n] += x[0:n]
+    static void add(const float *x, int64_t n, float *y) {
+        int64_t i = 0;
+        for (; i + W <= n; i += W) (V::load_unaligned(y + i) + V::load_unaligned(x + i)).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, P::load(y + i, n - i, 0.0f) + P::load(x + i, n - i, 0.0f));
     }
 
     // y[0:n] *= s

@@ -1,0 +1,239 @@
+// The paged KV cache: creation, the block allocator (reference counts, copy-on-write), appends
+// into the packed layout, and the snapshots attention reads.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/error.hpp"
+#include "serving/kv_cache_impl.hpp"
+
+namespace mha {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+// Whether blocks of bt tokens keep every key tile of block_k keys on whole K panels of nr keys:
+// either a block divides the tile (and holds whole panels, or is the tile) or a tile divides a
+// block and holds whole panels.
+bool block_fits(int64_t bt, int64_t block_k, int64_t nr) {
+    return (block_k % bt == 0 && (bt % nr == 0 || bt == block_k)) || (bt % block_k == 0 && block_k % nr == 0);
+}
+
+// The runtime's choice: the smallest multiple of NR of at least 64 tokens that divides the tile
+// (64 tokens of H8 D128 are 256 KiB of K and V: long contiguous reads, a small unit of waste per
+// sequence), else the tile itself.
+int64_t default_block_tokens(int64_t block_k, int64_t nr) {
+    for (int64_t bt = round_up(64, nr); bt < block_k; bt += nr)
+        if (block_k % bt == 0) return bt;
+    return block_k;
+}
+
+} // namespace
+
+KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_unique<Impl>()) {
+    Impl &c = *impl_;
+    const auto &st = rt.state();
+    KVCacheConfig cfg = config;
+    auto positive = [](const char *name, int64_t v) {
+        if (v <= 0) invalid_argument(std::string("kv cache config: ") + name + " = " + str(v) + " must be positive");
+    };
+    positive("num_kv_heads", cfg.num_kv_heads);
+    positive("head_dim", cfg.head_dim);
+    positive("value_dim", cfg.value_dim);
+    positive("max_tokens", cfg.max_tokens);
+    if (cfg.dtype == DType::bf16) throw Error(Status::unsupported, "kv cache config: dtype MHA_BF16 is not supported yet");
+    if (cfg.dtype != DType::f32)
+        invalid_argument("kv cache config: dtype = " + str(static_cast<int64_t>(cfg.dtype)) + " is not a known mha_dtype");
+    for (int64_t v : {cfg.num_kv_heads, cfg.head_dim, cfg.value_dim})
+        if (v > (int64_t{1} << 20)) invalid_argument("kv cache config: num_kv_heads, head_dim and value_dim must be at most 2^20");
+    c.ukernel = st.tiles.gemm_ukernel;
+    c.nr = st.sgemm->nr;
+    c.block_k = st.tiles.attn_block_k;
+    c.kv_chunk = st.tiles.attn_kv_chunk;
+    if (cfg.block_tokens < 0) invalid_argument("kv cache config: block_tokens = " + str(cfg.block_tokens) + " is negative");
+    if (cfg.block_tokens == 0) cfg.block_tokens = default_block_tokens(c.block_k, c.nr);
+    if (!block_fits(cfg.block_tokens, c.block_k, c.nr))
+        invalid_argument("kv cache config: block_tokens = " + str(cfg.block_tokens) + " must divide the runtime's attn_block_k = " +
+                         str(c.block_k) + " and be a multiple of its microkernel's NR = " + str(c.nr) +
+                         " (or equal attn_block_k); 0 picks " + str(default_block_tokens(c.block_k, c.nr)));
+    const int64_t bt = cfg.block_tokens, H = cfg.num_kv_heads;
+    c.k_head = round_up(bt, c.nr) * cfg.head_dim;
+    c.v_start = H * c.k_head;
+    c.v_head = bt * cfg.value_dim;
+    c.block_floats = round_up(c.v_start + H * c.v_head, 16);
+    c.num_blocks = (cfg.max_tokens + bt - 1) / bt;
+    int64_t floats;
+    if (c.num_blocks > INT32_MAX || __builtin_mul_overflow(c.num_blocks, c.block_floats, &floats) ||
+        floats > INT64_MAX / 8)
+        invalid_argument("kv cache config: max_tokens = " + str(cfg.max_tokens) + " overflows the cache's size");
+    c.cfg = cfg;
+    try {
+        c.pool.reserve(static_cast<size_t>(floats));
+    } catch (const std::bad_alloc &) {
+        throw Error(Status::out_of_memory, "kv cache: out of memory allocating " + str(floats * 4) + " bytes");
+    }
+    std::memset(c.pool.data(), 0, static_cast<size_t>(floats) * sizeof(float));
+    c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
+    c.free_blocks.resize(static_cast<size_t>(c.num_blocks));
+    for (int64_t i = 0; i < c.num_blocks; ++i) c.free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(c.num_blocks - 1 - i);
+}
+
+KVCache::~KVCache() = default;
+
+const KVCacheConfig &KVCache::config() const { return impl_->cfg; }
+
+size_t KVCache::bytes() const { return static_cast<size_t>(impl_->num_blocks * impl_->block_floats) * sizeof(float); }
+
+void KVCache::Impl::check_runtime(const detail::RuntimeState &st) const {
+    if (st.tiles.gemm_ukernel != ukernel || st.tiles.attn_block_k != block_k || st.tiles.attn_kv_chunk != kv_chunk)
+        invalid_argument("the kv cache was laid out for microkernel " + ukernel + ", attn_block_k = " + str(block_k) +
+                         ", attn_kv_chunk = " + str(kv_chunk) + ", but the runtime has " + st.tiles.gemm_ukernel + ", " +
+                         str(st.tiles.attn_block_k) + ", " + str(st.tiles.attn_kv_chunk) +
+                         "; use a runtime with the cache's ISA and tile config");
+}
+
+const KVCache::Impl::Seq &KVCache::Impl::find(int64_t seq_id, const char *what) const {
+    const auto it = seqs.find(seq_id);
+    if (it == seqs.end()) invalid_argument(std::string(what) + " = " + str(seq_id) + " is not a sequence of the kv cache");
+    return it->second;
+}
+
+void KVCache::Impl::append_all(std::span<const Append> appends) {
+    const int64_t bt = cfg.block_tokens, D = cfg.head_dim, Dv = cfg.value_dim, H = cfg.num_kv_heads;
+    std::unique_lock lock(mutex);
+    // Count every block first: appending to some sequences and not others is never an outcome.
+    int64_t need = 0;
+    for (const Append &a : appends) {
+        if (a.n == 0) continue;
+        const auto it = seqs.find(a.seq);
+        const int64_t len = it == seqs.end() ? 0 : it->second.len;
+        const int64_t have = it == seqs.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+        need += (len + a.n + bt - 1) / bt - have;
+        if (len % bt != 0 && refs[static_cast<size_t>(it->second.blocks.back())] > 1) ++need;  // copy-on-write
+    }
+    if (need > static_cast<int64_t>(free_blocks.size()))
+        throw Error(Status::out_of_memory, "kv cache: the append needs " + str(need) + " free blocks of " + str(bt) +
+                                               " tokens but " + str(static_cast<int64_t>(free_blocks.size())) +
+                                               " are free; nothing was appended");
+    auto take = [&] {
+        const int32_t id = free_blocks.back();
+        free_blocks.pop_back();
+        refs[static_cast<size_t>(id)] = 1;
+        return id;
+    };
+    for (const Append &a : appends) {
+        Seq &s = seqs[a.seq];  // a new id starts an empty sequence
+        if (a.n == 0) continue;
+        if (s.len % bt != 0 && refs[static_cast<size_t>(s.blocks.back())] > 1) {
+            const int32_t old = s.blocks.back(), copy = take();
+            std::memcpy(block(copy), block(old), static_cast<size_t>(block_floats) * sizeof(float));
+            --refs[static_cast<size_t>(old)];
+            s.blocks.back() = copy;
+        }
+        for (int64_t t = 0; t < a.n; ++t) {
+            const int64_t pos = s.len + t, o = pos % bt;
+            if (o == 0) s.blocks.push_back(take());
+            float *blk = block(s.blocks.back());
+            for (int64_t h = 0; h < H; ++h) {
+                // K: token o is lane o % NR of panel o / NR, one value per depth step.
+                float *kd = blk + h * k_head + o / nr * nr * D + o % nr;
+                const float *ks = a.k + t * a.ldk + h * D;
+                for (int64_t d = 0; d < D; ++d) kd[d * nr] = ks[d];
+                std::memcpy(blk + v_start + h * v_head + o * Dv, a.v + t * a.ldv + h * Dv,
+                            static_cast<size_t>(Dv) * sizeof(float));
+            }
+        }
+        s.len += a.n;
+    }
+}
+
+void KVCache::append(int64_t seq_id, int64_t n_tokens, const float *k, const float *v) {
+    const KVCacheConfig &c = impl_->cfg;
+    if (seq_id < 0) invalid_argument("seq_id = " + str(seq_id) + " is negative");
+    if (n_tokens < 0) invalid_argument("n_tokens = " + str(n_tokens) + " is negative");
+    if (n_tokens > impl_->num_blocks * c.block_tokens)
+        throw Error(Status::out_of_memory, "kv cache: n_tokens = " + str(n_tokens) + " is more than the cache holds (" +
+                                               str(impl_->num_blocks * c.block_tokens) + "); nothing was appended");
+    if (n_tokens > 0 && !k) invalid_argument("k is NULL");
+    if (n_tokens > 0 && !v) invalid_argument("v is NULL");
+    const Impl::Append a{seq_id, n_tokens, k, v, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.value_dim};
+    impl_->append_all(std::span<const Impl::Append>(&a, 1));
+}
+
+void KVCache::fork(int64_t src_seq, int64_t dst_seq) {
+    Impl &c = *impl_;
+    std::unique_lock lock(c.mutex);
+    const Impl::Seq &src = c.find(src_seq, "src_seq");
+    if (dst_seq < 0) invalid_argument("dst_seq = " + str(dst_seq) + " is negative");
+    if (c.seqs.count(dst_seq)) invalid_argument("dst_seq = " + str(dst_seq) + " is already a sequence of the kv cache");
+    for (int32_t b : src.blocks) ++c.refs[static_cast<size_t>(b)];
+    Impl::Seq copy = src;
+    c.seqs.emplace(dst_seq, std::move(copy));
+}
+
+void KVCache::release(int64_t seq_id) {
+    Impl &c = *impl_;
+    std::unique_lock lock(c.mutex);
+    const Impl::Seq &s = c.find(seq_id, "seq_id");
+    for (int32_t b : s.blocks)
+        if (--c.refs[static_cast<size_t>(b)] == 0) c.free_blocks.push_back(b);
+    // Keep the lowest ids on top, so allocation stays in address order however blocks come back.
+    std::sort(c.free_blocks.begin(), c.free_blocks.end(), std::greater<>());
+    c.seqs.erase(seq_id);
+}
+
+int64_t KVCache::seq_len(int64_t seq_id) const {
+    std::shared_lock lock(impl_->mutex);
+    return impl_->find(seq_id, "seq_id").len;
+}
+
+bool KVCache::contains(int64_t seq_id) const {
+    std::shared_lock lock(impl_->mutex);
+    return impl_->seqs.count(seq_id) != 0;
+}
+
+int64_t KVCache::free_tokens() const {
+    std::shared_lock lock(impl_->mutex);
+    return static_cast<int64_t>(impl_->free_blocks.size()) * impl_->cfg.block_tokens;
+}
+
+void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v) const {
+    const Impl &c = *impl_;
+    const int64_t bt = c.cfg.block_tokens, D = c.cfg.head_dim, Dv = c.cfg.value_dim, H = c.cfg.num_kv_heads;
+    std::shared_lock lock(c.mutex);
+    const Impl::Seq &s = c.find(seq_id, "seq_id");
+    if (start < 0 || n < 0 || start > s.len || n > s.len - start)
+        invalid_argument("positions [" + str(start) + ", " + str(start) + " + " + str(n) + ") are outside sequence " +
+                         str(seq_id) + "'s " + str(s.len) + " tokens");
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t pos = start + t, o = pos % bt;
+        const float *blk = c.block(s.blocks[static_cast<size_t>(pos / bt)]);
+        for (int64_t h = 0; h < H; ++h) {
+            if (k) {
+                const float *ks = blk + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
+                for (int64_t d = 0; d < D; ++d) k[(t * H + h) * D + d] = ks[d * c.nr];
+            }
+            if (v) std::memcpy(v + (t * H + h) * Dv, blk + c.v_start + h * c.v_head + o * Dv, static_cast<size_t>(Dv) * sizeof(float));
+        }
+    }
+}
+
+KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids) const {
+    Snapshot s;
+    std::shared_lock lock(mutex);
+    s.table_off.push_back(0);
+    for (size_t i = 0; i < seq_ids.size(); ++i) {
+        const Seq &q = find(seq_ids[i], ("seq_ids[" + std::to_string(i) + "]").c_str());
+        s.lens.push_back(q.len);
+        s.blocks.insert(s.blocks.end(), q.blocks.begin(), q.blocks.end());
+        s.table_off.push_back(static_cast<int64_t>(s.blocks.size()));
+    }
+    s.view = attention_detail::CacheView{pool.data(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head,
+                                         s.table_off.data(), s.blocks.data()};
+    return s;
+}
+
+} // namespace mha

@@ -1,0 +1,67 @@
+// The paged KV cache's insides, shared by the cache itself, attention over it and the layer's
+// incremental forward.
+//
+// Memory: one 64-byte aligned pool of num_blocks blocks, all allocated (and zeroed, so the pages
+// are committed) when the cache is created; serving never calls the allocator. A block holds
+// block_tokens tokens of every KV head: first each head's K as NR-key panels of head_dim depth
+// (the packed B of Q K^T: keys across the vector lanes, so a score is a plain FMA chain), then each
+// head's V rows. Sequences own blocks through their block tables; blocks are reference-counted so
+// a fork shares them, and a shared block is copied before an append writes into it.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "attention/attention_shape.hpp"
+#include "mha/serving.hpp"
+#include "runtime/runtime_state.hpp"
+
+namespace mha {
+
+struct KVCache::Impl {
+    KVCacheConfig cfg;                    // resolved
+    std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
+    int64_t nr = 0, block_k = 0, kv_chunk = 0;
+    int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, num_blocks = 0;
+    detail::AlignedBuffer pool;
+
+    mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
+    std::vector<int32_t> refs;        // per block: how many sequences hold it
+    std::vector<int32_t> free_blocks; // a stack; the lowest ids come out first
+    struct Seq {
+        int64_t len = 0;
+        std::vector<int32_t> blocks;
+    };
+    std::unordered_map<int64_t, Seq> seqs;
+
+    // One sequence's new tokens: k rows of Hkv * head_dim floats ldk apart, v rows ldv apart.
+    struct Append {
+        int64_t seq = 0, n = 0;
+        const float *k = nullptr, *v = nullptr;
+        int64_t ldk = 0, ldv = 0;
+    };
+    // Appends to every sequence, or (not enough free blocks: Error(out_of_memory)) to none. The
+    // sequences must be distinct.
+    void append_all(std::span<const Append> appends);
+
+    // Throws unless rt runs the microkernel and attention tiles the cache was laid out for.
+    void check_runtime(const detail::RuntimeState &st) const;
+
+    // The block tables and lengths of some sequences, copied under the lock for one attention call.
+    struct Snapshot {
+        std::vector<int64_t> lens, table_off;
+        std::vector<int32_t> blocks;
+        attention_detail::CacheView view;
+    };
+    Snapshot snapshot(std::span<const int64_t> seq_ids) const;
+
+    const Seq &find(int64_t seq_id, const char *what) const;  // throws naming `what` for an unknown id
+    float *block(int32_t id) const { return pool.data() + id * block_floats; }
+};
+
+} // namespace mha
