@@ -48,10 +48,9 @@ struct ItemScratch {
         const int64_t M = direct ? s.kv_heads * kDirectRows : s.group() * s.block_q;
         const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
         out[0] = M * D;                                                   // q_rows: scaled Q rows, row-major
-        out[1] = direct ? s.kv_heads * round_up_to(kDirectRows, mr) * D  // q_packed: MR-row panels (per KV head)
-                        : round_up_to(M, mr) * D;
-        out[2] = direct ? round_up_to(kDirectKeys, nr) * D               // k_packed: K^T in NR-column panels
-                        : tiles * round_up_to(BK, nr) * D;
+        // q_packed: MR-row panels (per KV head), or a direct item's Q^T, rows padded to 16
+        out[1] = direct ? s.kv_heads * round_up_to(kDirectRows, std::max(mr, 16)) * D : round_up_to(M, mr) * D;
+        out[2] = direct ? 0 : tiles * round_up_to(BK, nr) * D;            // k_packed: K^T in NR-column panels
         out[3] = direct ? 0 : tiles * BK * round_up_to(Dv, nr);           // v_packed: V in NR-column panels
         out[4] = M * BK;                                                  // s: scores, then probabilities
         out[5] = out[6] = M;                                              // m, l: running max and sum
@@ -84,7 +83,8 @@ struct ItemScratch {
 
 template <class Arch, int MR, int NV>
 struct FusedAttention {
-    static constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    static constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    static constexpr int NR = NV * W;
     using Rows = softmax_detail::RowKernels<Arch>;
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -166,31 +166,35 @@ struct FusedAttention {
         }
     }
 
-    // Tokens per step of a direct item: on dense K a step packs this many keys of each KV head
-    // (one NR panel); from the cache a step is what is left of the block.
+    // Tokens per step of a direct item: on dense K and V, a few tokens' rows whole (see
+    // kDirectKeys); from the cache, what is left of the block.
     static int64_t direct_step(const Shape &s, int64_t j, int64_t left) {
-        return std::min(left, s.kv_cache ? s.kv_cache->run(j) : round_up_to(kDirectKeys, NR));
+        return std::min(left, s.kv_cache ? s.kv_cache->run(j) : kDirectKeys);
     }
 
-    // The direct path's scores, masked: per KV head, its G x rows_per_head rows against the keys'
-    // K panels (packed a step at a time from dense K, or the cache's). Returns how many of the
-    // tile's keys the rows may see (every head's rows see the same keys); scores past them are
-    // not written.
+    // Floats per row of a direct item's transposed Q (dense K): its rows, padded to whole vectors.
+    static int64_t direct_ldqt(int64_t Mg) { return round_up_to(Mg, W); }
+
+    // The direct path's scores, masked: per KV head, its G x rows_per_head rows against the keys,
+    // K read in place (dense: DirectTiles; cache: the microkernel on the cache's K panels). Returns
+    // how many of the tile's keys the rows may see (every head's rows see the same keys); scores
+    // past them are not written.
     static int64_t direct_scores(const Shape &s, const float *k, const Item &it, int64_t M, int64_t rows_per_head,
                                  int64_t j0, int64_t n, const ItemScratch &w) {
-        const int64_t D = s.head_dim, Mg = s.group() * rows_per_head, Mgp = round_up_to(Mg, MR);
+        const int64_t D = s.head_dim, Mg = s.group() * rows_per_head;
         const int64_t cols = panel_keys(s, it, rows_per_head, 0, rows_per_head, j0, n);
         for (int64_t j = 0, step; j < cols; j += step) {
             step = direct_step(s, j0 + j, cols - j);
             for (int64_t h = 0; h < it.kv_heads; ++h) {
-                const float *kp = w.k_packed;
+                float *sh = w.s + h * Mg * s.block_k + j;
                 if (s.kv_cache)
-                    kp = s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D);
+                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
+                                                           s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
+                                                           s.block_k, 1.0f, 0.0f);
                 else
-                    gemm::pack_panels<Arch, NR>(step, D, k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, 1,
-                                                w.k_packed);
-                gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * Mgp * D, kp,
-                                                       w.s + h * Mg * s.block_k + j, s.block_k, 1.0f, 0.0f);
+                    DirectTiles<Arch>::scores(Mg, step, D, w.q_packed + h * direct_ldqt(Mg) * D, direct_ldqt(Mg),
+                                              k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, sh,
+                                              s.block_k);
             }
         }
         mask_rows(s, it, 0, M, rows_per_head, j0, cols, w);
@@ -255,8 +259,13 @@ struct FusedAttention {
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
         const int64_t Mg = G * rows_per_head;
-        for (int64_t h = 0; h < it.kv_heads; ++h)
-            gemm::pack_panels<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
+        for (int64_t h = 0; h < it.kv_heads; ++h) {
+            if (it.direct && !s.kv_cache)  // DirectTiles::scores takes the rows across the lanes
+                DirectTiles<Arch>::transpose_q(Mg, D, w.q_rows + h * Mg * D, w.q_packed + h * direct_ldqt(Mg) * D,
+                                               direct_ldqt(Mg));
+            else
+                gemm::pack_panels<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
+        }
     }
 
     // Keys [0, key_end) are all that any row of the item can see: past the valid length, or

@@ -95,8 +95,7 @@ inline constexpr int64_t kDirectRows = 12;
 // Tokens per step of the direct path on dense K and V. Within a key tile it reads the rows of this
 // many tokens whole, K then V: 16 tokens keep that within the streams the L2 prefetcher tracks
 // (16 K and 16 V pages at Hkv x D x 4 = 4 KiB per token): a probe read H32/8 D128 K/V this way at
-// 13-16 GB/s against 5-6 GB/s head by head, and 11 GB/s for one sequential stream. (It rounds up
-// to the microkernel's NR, the width of one packed K panel.)
+// 13-16 GB/s against 5-6 GB/s head by head, and 11 GB/s for one sequential stream.
 inline constexpr int64_t kDirectKeys = 16;
 
 // The scheduler: spreads the items of a shape over the runtime's threads, costliest first, and

@@ -6,11 +6,14 @@
 // MR-row microkernel that runs mostly empty. Here instead the caller walks the tokens so that the
 // reads stream (that, more than the arithmetic, is what decode's speed rests on: see kDirectKeys
 // in attention_shape.hpp), and
+//   S[r, j] = q_r . k_j     query rows across the lanes (Q transposed once per item), k_j's values
+//                           broadcast from its row in place, KB keys' sums in registers at once
 //   t[r] += P[r, j] v_j     v_j's row read in place, broadcast P, up to 4 rows x 4 vectors of
 //                           sums held in registers across the keys
-// Each element of t is the ordered FMA chain over the keys that the GEMM microkernel computes, so
-// the bits are those of the packed path. (The scores of direct items go through the microkernel
-// itself, on K panels packed a few keys at a time or read from the KV cache.)
+// Every lane computes the GEMM microkernel's ordered FMA chain (over the head dimension for a
+// score, over the keys for t), so the bits are those of the packed path, which puts keys across
+// the lanes instead. (From the KV cache, whose K is stored as panels, direct items run the
+// microkernel itself.)
 #pragma once
 
 #include <algorithm>
@@ -29,6 +32,22 @@ struct DirectTiles {
     using V = xsimd::batch<float, Arch>;
     using Tail = softmax_detail::Partial<Arch>;
     static constexpr int W = static_cast<int>(V::size);
+
+    // s[r * lds + j] = sum_d qt[d * ldqt + r] * k[j * ldk + d] for r < M <= 2 W, j < n, the
+    // head dimension in order. qt is Q transposed, its rows padded to a whole vector (ldqt).
+    static void scores(int64_t M, int64_t n, int64_t D, const float *qt, int64_t ldqt, const float *k, int64_t ldk,
+                       float *s, int64_t lds) {
+        if (M <= W)
+            scores_keys<1, 8>(M, n, D, qt, ldqt, k, ldk, s, lds);
+        else
+            scores_keys<2, 4>(M, n, D, qt, ldqt, k, ldk, s, lds);
+    }
+
+    // Q^T for scores(): qt[d * ldqt + r] = q[r * D + d], rows M..ldqt zero.
+    static void transpose_q(int64_t M, int64_t D, const float *q, float *qt, int64_t ldqt) {
+        for (int64_t d = 0; d < D; ++d)
+            for (int64_t r = 0; r < ldqt; ++r) qt[d * ldqt + r] = r < M ? q[r * D + d] : 0.0f;
+    }
 
     // acc[r * Dv + c] += sum_j p[r * ldp + j] * v[j * ldv + c] for r < M, j < n, c < Dv, the keys
     // in order.
@@ -55,6 +74,34 @@ struct DirectTiles {
     }
 
 private:
+    // R vectors of rows x KB keys of sums in registers; past the tile's end the last key repeats
+    // (its sums are not stored).
+    template <int R, int KB>
+    static void scores_keys(int64_t M, int64_t n, int64_t D, const float *qt, int64_t ldqt, const float *k,
+                            int64_t ldk, float *s, int64_t lds) {
+        alignas(64) float lanes[KB][R * W];
+        for (int64_t j = 0; j < n; j += KB) {
+            const int64_t nk = std::min<int64_t>(KB, n - j);
+            const float *rows[KB];
+            for (int t = 0; t < KB; ++t) rows[t] = k + (j + std::min<int64_t>(t, nk - 1)) * ldk;
+            V acc[R][KB];
+            for (int r = 0; r < R; ++r)
+                for (int t = 0; t < KB; ++t) acc[r][t] = V(0.0f);
+            for (int64_t d = 0; d < D; ++d) {
+                V q[R];
+                for (int r = 0; r < R; ++r) q[r] = V::load_aligned(qt + d * ldqt + r * W);
+                for (int t = 0; t < KB; ++t) {
+                    const V kv(rows[t][d]);
+                    for (int r = 0; r < R; ++r) acc[r][t] = simd::fmadd(q[r], kv, acc[r][t]);
+                }
+            }
+            for (int t = 0; t < KB; ++t)
+                for (int r = 0; r < R; ++r) acc[r][t].store_aligned(lanes[t] + r * W);
+            for (int64_t r = 0; r < M; ++r)
+                for (int64_t t = 0; t < nk; ++t) s[r * lds + j + t] = lanes[t][r];
+        }
+    }
+
     // R rows x C vectors of acc (row stride lda), the last vector `tail` lanes wide, held in
     // registers while the n keys go by.
     template <int R, int C>
