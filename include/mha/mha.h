@@ -183,8 +183,10 @@ typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;   /* MHA_BF16 an
 typedef struct mha_kv_cache mha_kv_cache;
 typedef struct mha_kv_cache_config {
     int64_t num_kv_heads, head_dim, value_dim;
-    int64_t block_tokens;        /* tokens per block; 0 = the runtime's choice. It must divide the runtime's
-                                    attn_block_k and be a multiple of the microkernel's NR (or equal attn_block_k) */
+    int64_t block_tokens;        /* tokens per block; 0 = the runtime's choice (the smallest multiple of NR of at
+                                    least 64 that divides attn_block_k). It must either divide the runtime's
+                                    attn_block_k and be a multiple of the microkernel's NR (or equal attn_block_k),
+                                    or be a multiple of attn_block_k when attn_block_k is a multiple of NR */
     int64_t max_tokens;          /* capacity over all sequences, rounded up to whole blocks; every block is allocated at creation */
     mha_dtype dtype;
 } mha_kv_cache_config;

@@ -34,7 +34,7 @@ enum class DType { f32 = 0, bf16 = 1 };
 
 struct KVCacheConfig {
     int64_t num_kv_heads = 0, head_dim = 0, value_dim = 0;
-    int64_t block_tokens = 0;  // 0 = the runtime's choice
+    int64_t block_tokens = 0;  // 0 = the runtime's choice; see mha_kv_cache_config in mha.h for what fits
     int64_t max_tokens = 0;    // capacity, rounded up to whole blocks
     DType dtype = DType::f32;
 };

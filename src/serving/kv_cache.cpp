@@ -205,9 +205,10 @@ void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v)
     const int64_t bt = c.cfg.block_tokens, D = c.cfg.head_dim, Dv = c.cfg.value_dim, H = c.cfg.num_kv_heads;
     std::shared_lock lock(c.mutex);
     const Impl::Seq &s = c.find(seq_id, "seq_id");
-    if (start < 0 || n < 0 || start > s.len || n > s.len - start)
-        invalid_argument("positions [" + str(start) + ", " + str(start) + " + " + str(n) + ") are outside sequence " +
-                         str(seq_id) + "'s " + str(s.len) + " tokens");
+    if (start < 0 || start > s.len) invalid_argument("start = " + str(start) + " is outside [0, " + str(s.len) + "], sequence " + str(seq_id) + "'s length");
+    if (n < 0 || n > s.len - start)
+        invalid_argument("n_tokens = " + str(n) + " is outside [0, " + str(s.len - start) + "]: sequence " + str(seq_id) +
+                         " holds " + str(s.len) + " tokens and start = " + str(start));
     for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t, o = pos % bt;
         const float *blk = c.block(s.blocks[static_cast<size_t>(pos / bt)]);
