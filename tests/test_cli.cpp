@@ -78,6 +78,44 @@ TEST_CASE("mha-run: wrong command lines are refused, naming the flag") {
     CHECK(err(with({"--out", "q.npy"})).find("also an input") != std::string::npos);
 }
 
+TEST_CASE("mha-run: --generate, --prefill-chunk, --check-invariance") {
+    const RunOptions d = parse_run_args(kMinimal);
+    CHECK(d.generate == 0);
+    CHECK(d.prefill_chunk == 0);
+    CHECK_FALSE(d.check_invariance);
+    const RunOptions o = parse_run_args(with({"--generate", "16", "--prefill-chunk", "4", "--check-invariance", "--out",
+                                              "o.npy", "--threads", "2", "--json"}));
+    CHECK(o.generate == 16);
+    CHECK(o.prefill_chunk == 4);
+    CHECK(o.check_invariance);
+    CHECK(o.causal);  // implied
+    CHECK(o.out == "o.npy");
+    CHECK(parse_run_args(with({"--generate", "1", "--causal"})).causal);
+    CHECK(parse_run_args(with({"--generate", "1048576"})).generate == 1048576);
+
+    auto err = [](const std::vector<std::string> &a) { return usage_error(a, parse_run_args); };
+    CHECK(err(with({"--generate", "0"})).find("--generate: '0' is not an integer in [1, ") != std::string::npos);
+    CHECK(err(with({"--generate", "-3"})).find("--generate: '-3'") != std::string::npos);
+    CHECK(err(with({"--generate", "ten"})).find("--generate: 'ten'") != std::string::npos);
+    CHECK(err(with({"--generate", "1048577"})).find("--generate") != std::string::npos);
+    CHECK(err(with({"--generate"})).find("--generate needs a value") != std::string::npos);
+    CHECK(err(with({"--generate", "2", "--generate", "3"})).find("--generate is given twice") != std::string::npos);
+    CHECK(err(with({"--generate", "2", "--prefill-chunk", "0"})).find("--prefill-chunk: '0'") != std::string::npos);
+    CHECK(err(with({"--generate", "2", "--prefill-chunk", "x"})).find("--prefill-chunk: 'x'") != std::string::npos);
+    CHECK(err(with({"--check-invariance"})).find("--check-invariance needs --generate") != std::string::npos);
+    CHECK(err(with({"--prefill-chunk", "8"})).find("--prefill-chunk needs --generate") != std::string::npos);
+    CHECK(err(with({"--generate", "2", "--key", "k.npy", "--value", "v.npy"})).find("--generate does not take --key") !=
+          std::string::npos);
+    CHECK(err(with({"--generate", "2", "--key-padding-mask", "m.npy"})).find("--generate does not take --key-padding-mask") !=
+          std::string::npos);
+    CHECK(err(with({"--generate", "2", "--attn-mask", "m.npy"})).find("--generate does not take --attn-mask") !=
+          std::string::npos);
+    CHECK(err(with({"--generate", "2", "--attn-weights", "w.npy"})).find("--generate does not take --attn-weights") !=
+          std::string::npos);
+    CHECK(err(with({"--generate", "2", "--repeat", "3"})).find("--generate does not take --repeat") != std::string::npos);
+    CHECK(err(with({"--check-invariance", "--check-invariance", "--generate", "1"})).find("given twice") != std::string::npos);
+}
+
 TEST_CASE("mha-bench: every flag") {
     const BenchOptions d = parse_bench_args({});
     CHECK(d.threads == std::vector<int>{1, 2});

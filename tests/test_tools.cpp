@@ -1,10 +1,11 @@
 // mha-tune and mha-bench end to end: a short tuning run writes a config that reads back and that
 // mha-run then runs with; broken configs stop the tools with the file and the problem; mha-bench
-// --quick --json prints one object with every suite.
+// --quick --json prints one object with every suite, and its serving rows carry what they claim.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -107,7 +108,64 @@ TEST_CASE("mha-bench --quick --json prints one object with every suite") {
         if (row["suite"] == "attention") CHECK(row["vs"].contains("non-causal") == causal);
         if (row.contains("vs")) CHECK(!row["vs"].contains("1 thread"));
     }
-    CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer"});
+    CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer", "serving"});
+}
+
+TEST_CASE("mha-bench --filter serving --quick --json: ragged prefill, cached decode and a continuous batch") {
+    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1 --filter serving", false);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    std::map<std::string, nlohmann::json> by_name;
+    for (const auto &row : j["results"]) {
+        CAPTURE(row.dump());
+        CHECK(row["suite"] == "serving");
+        CHECK(row["threads"] == 1);
+        CHECK(row["ms"].get<double>() > 0);
+        REQUIRE(row["peak_fraction"].is_number());
+        CHECK(row["peak_fraction"].get<double>() > 0);
+        CHECK(row["tokens_per_s"].get<double>() > 0);
+        for (const auto &[anchor, ratio] : row["vs"].items()) CHECK(ratio.get<double>() > 0);
+        CHECK(!row["vs"].contains("1 thread"));
+        REQUIRE(row.contains("same_bits"));
+        by_name[row["name"].get<std::string>()] = row;
+    }
+    REQUIRE(by_name.size() == 3);
+
+    // (a) The prompt mix in one varlen call, against the padded batch and one call per prompt;
+    // GFLOP/s of the causal work. --quick runs the H8 D64 shape only.
+    const auto &pre = by_name.at("serving/prefill");
+    CHECK(pre["shape"] == "mix8 T4977 H8 D64 causal");
+    CHECK(pre["seq_lens"] == nlohmann::json({244, 789, 126, 2048, 869, 304, 533, 64}));
+    CHECK(pre["tokens"] == 4977);
+    CHECK(pre["gflops"].get<double>() > 0);
+    CHECK(pre["peak_gflops_in_row"].get<double>() > 0);
+    CHECK(pre["flops_counted"] == "causal");
+    CHECK(pre["vs"]["padded"].get<double>() > 0);
+    CHECK(pre["vs"]["per-seq"].get<double>() > 0);
+    // A prompt has the same bits in a ragged batch as alone (issue 13, section 5).
+    CHECK(pre["same_bits"]["per-seq"] == true);
+
+    // (b) One decode step of 16 x 4096 cached tokens: GB/s of K and V against the read probe.
+    const auto &dec = by_name.at("serving/decode");
+    CHECK(dec["shape"] == "B16 Lk4096 H32/8 D128");
+    CHECK(dec["gbs"].get<double>() > 0);
+    CHECK(dec["bandwidth_gbs_in_row"].get<double>() > 0);
+    CHECK(dec["cached_tokens"] == 16 * 4096);
+    CHECK(dec["cache_bytes"].get<double>() >= 16.0 * 4096 * 8 * 128 * 4 * 2);
+    CHECK(dec["vs"]["dense"].get<double>() > 0);
+    CHECK(dec["same_bits"]["dense"] == true);
+
+    // (c) 2 prefill chunks of 512 and 30 decodes in one call, against two calls and the dense path.
+    const auto &cont = by_name.at("serving/continuous");
+    CHECK(cont["shape"] == "2x512@1024+30x1@2048 H32/8 D128");
+    CHECK(cont["gflops"].get<double>() > 0);
+    CHECK(cont["new_tokens"] == 2 * 512 + 30);
+    CHECK(cont["cached_tokens"] == 2 * 1536 + 30 * 2048);
+    CHECK(cont["kv_gbs"].get<double>() > 0);
+    CHECK(cont["vs"]["split"].get<double>() > 0);
+    CHECK(cont["vs"]["dense"].get<double>() > 0);
+    CHECK(cont["same_bits"]["split"] == true);
+    CHECK(cont["same_bits"]["dense"] == true);
 }
 
 TEST_CASE("mha-bench on two threads compares each row with one thread") {

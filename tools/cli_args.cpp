@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <utility>
 
 namespace mha::cli {
 
@@ -11,6 +12,8 @@ const char *const kRunUsage =
     "usage: mha-run --weights PATH [--prefix P] --num-heads H --query q.npy [--key k.npy --value v.npy]\n"
     "               [--key-padding-mask m.npy] [--attn-mask m.npy] [--causal] [--out o.npy]\n"
     "               [--attn-weights w.npy [--average-attn-weights]] [--threads N] [--repeat N] [--json]\n"
+    "       mha-run --weights PATH [--prefix P] --num-heads H --query q.npy --generate N [--prefill-chunk N]\n"
+    "               [--check-invariance] [--out o.npy] [--threads N] [--json]\n"
     "  Runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors.\n"
     "  --weights PATH            a directory of <state_dict key>.npy files (in_proj_weight.npy, in_proj_bias.npy,\n"
     "                            out_proj.weight.npy, out_proj.bias.npy; or q_proj_weight.npy, k_proj_weight.npy,\n"
@@ -28,11 +31,20 @@ const char *const kRunUsage =
     "  --threads N               threads (default 1; 0 = all hardware threads)\n"
     "  --repeat N                run the forward pass N times and time each run (default 1)\n"
     "  --json                    end stdout with one JSON object: best_ms, median_ms, gflops, threads, ...\n"
-    "Exit status: 0 on success, 2 on bad arguments or bad files (nothing is written), 1 otherwise.\n";
+    "  --generate N              causal self-attention through a KV cache: prefill each query sequence, then\n"
+    "                            feed its last output row back as the next input N times (one decode step\n"
+    "                            each, all sequences batched); prints tokens/s. --out gets [B, Lq + N, E]: the\n"
+    "                            prompt's rows, then the generated ones. Implies --causal\n"
+    "  --prefill-chunk N         with --generate: prefill N tokens per call (default: the whole query at once)\n"
+    "  --check-invariance        with --generate: compare every row, prompt and generated, with one causal\n"
+    "                            forward pass over the whole sequence (prompt + generated rows as input), bit\n"
+    "                            for bit, and say so; exit status 3 if any row differs\n"
+    "Exit status: 0 on success, 2 on bad arguments or bad files (nothing is written), 3 when\n"
+    "--check-invariance finds a row that differs, 1 otherwise.\n";
 
 const char *const kBenchUsage =
     "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
-    "  Suites: gemm, softmax, attention, decode, layer; each row beside its anchors, in one run.\n"
+    "  Suites: gemm, softmax, attention, decode, layer, serving; each row beside its anchors, in one run.\n"
     "  --quick      the short run (under a minute)\n"
     "  --threads    thread counts to run (default 1,2)\n"
     "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
@@ -85,11 +97,13 @@ void walk(const std::vector<std::string> &args, const std::map<std::string, std:
 
 RunOptions parse_run_args(const std::vector<std::string> &args) {
     RunOptions o;
+    bool repeat_given = false;
     auto path = [](std::string &dst) { return [&dst](const std::string &v) { dst = v; }; };
     walk(args,
          {{"--causal", [&] { o.causal = true; }},
           {"--average-attn-weights", [&] { o.average_attn_weights = true; }},
           {"--json", [&] { o.json = true; }},
+          {"--check-invariance", [&] { o.check_invariance = true; }},
           {"--help", [&] { o.help = true; }},
           {"-h", [&] { o.help = true; }}},
          {{"--weights", path(o.weights)},
@@ -103,7 +117,12 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
           {"--out", path(o.out)},
           {"--attn-weights", path(o.attn_weights)},
           {"--threads", [&](const std::string &v) { o.threads = static_cast<int>(parse_int("--threads", v, 0, 4096)); }},
-          {"--repeat", [&](const std::string &v) { o.repeat = static_cast<int>(parse_int("--repeat", v, 1, 1000000)); }}});
+          {"--repeat", [&](const std::string &v) {
+               o.repeat = static_cast<int>(parse_int("--repeat", v, 1, 1000000));
+               repeat_given = true;
+           }},
+          {"--generate", [&](const std::string &v) { o.generate = parse_int("--generate", v, 1, 1 << 20); }},
+          {"--prefill-chunk", [&](const std::string &v) { o.prefill_chunk = parse_int("--prefill-chunk", v, 1, int64_t{1} << 40); }}});
     if (o.help) return o;
     if (o.weights.empty()) throw UsageError("--weights is required");
     if (o.num_heads == 0) throw UsageError("--num-heads is required");
@@ -115,6 +134,21 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
     for (const std::string *p : {&o.out, &o.attn_weights})
         if (!p->empty() && (*p == o.query || *p == o.key || *p == o.value))
             throw UsageError("output file " + *p + " is also an input");
+    if (o.generate == 0) {
+        if (o.check_invariance) throw UsageError("--check-invariance needs --generate N");
+        if (o.prefill_chunk) throw UsageError("--prefill-chunk needs --generate N");
+    } else {
+        // Generation is causal self-attention over the cache: no other keys, masks or weights.
+        const std::pair<bool, const char *> not_with[] = {
+            {!o.key.empty(), "--key and --value (it runs self-attention on the query)"},
+            {!o.key_padding_mask.empty(), "--key-padding-mask (it runs causally over a KV cache)"},
+            {!o.attn_mask.empty(), "--attn-mask (it runs causally over a KV cache)"},
+            {!o.attn_weights.empty(), "--attn-weights"},
+            {repeat_given, "--repeat (it times every step)"}};
+        for (const auto &[given, what] : not_with)
+            if (given) throw UsageError(std::string("--generate does not take ") + what);
+        o.causal = true;
+    }
     return o;
 }
 

@@ -28,6 +28,11 @@ struct RunOptions {
     int repeat = 1;               // --repeat
     bool json = false;            // --json
     bool help = false;            // --help / -h
+    // Generation through a KV cache (causal self-attention): prefill the query, then feed each
+    // sequence's last output row back `generate` times, one decode step each.
+    int64_t generate = 0;         // --generate N (0: a plain forward pass)
+    int64_t prefill_chunk = 0;    // --prefill-chunk N: prefill N tokens per call (0: the whole query at once)
+    bool check_invariance = false;  // --check-invariance: compare every row with the full causal forward
 };
 RunOptions parse_run_args(const std::vector<std::string> &args);
 extern const char *const kRunUsage;

@@ -1,9 +1,14 @@
 // mha-run: runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors.
 // Every input is read and checked before the layer runs; outputs are written only when everything
-// succeeded, each through a temporary file, so a failure leaves no output behind.
+// succeeded, each through a temporary file, so a failure leaves no output behind. With --generate
+// it runs the layer as a server would, through a KV cache: a (chunked) prefill, then decode steps
+// that feed each sequence's last output row back, and --check-invariance compares every row with
+// one causal forward pass over the whole sequence, bit for bit.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,7 @@
 #include "io/npy.hpp"
 #include "io/torch_mha.hpp"
 #include "mha/layer.hpp"
+#include "mha/serving.hpp"
 
 using namespace mha;
 
@@ -50,6 +56,128 @@ Inputs read_inputs(const cli::RunOptions &o, int64_t E, int64_t kdim, int64_t vd
     return in;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --generate: B sequences (the query's batch) through a KV cache. Prefill their Lq prompt rows
+// (in chunks of --prefill-chunk), then N decode steps, each feeding every sequence's last output
+// row back as its next input, all B sequences in one forward_cached call per step.
+int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, const Inputs &in) {
+    const LayerConfig &c = layer.config();
+    const int64_t B = in.B, Lq = in.Lq, N = o.generate, L = Lq + N, E = c.embed_dim;
+    const int64_t chunk = o.prefill_chunk ? std::min(o.prefill_chunk, Lq) : Lq;
+    KVCacheConfig cc;
+    cc.num_kv_heads = c.num_kv_heads;
+    cc.head_dim = c.head_dim;
+    cc.value_dim = c.value_dim;
+    // A block holds at most attn_block_k tokens, so this many per sequence always fits.
+    const int64_t bk = std::max<int64_t>(rt.tiles().attn_block_k, 1);
+    cc.max_tokens = B * ((L + bk - 1) / bk * bk);
+    KVCache cache(rt, cc);
+
+    // x and y per sequence, [B, L, E]: the inputs (prompt, then the fed-back rows) and the outputs.
+    const auto row = [&](std::vector<float> &t, int64_t b, int64_t i) { return t.data() + (b * L + i) * E; };
+    std::vector<float> x(static_cast<size_t>(B * L * E)), y(x.size());
+    for (int64_t b = 0; b < B; ++b) std::copy_n(in.query.data() + b * Lq * E, Lq * E, row(x, b, 0));
+    std::vector<int64_t> ids(static_cast<size_t>(B)), offsets(static_cast<size_t>(B + 1));
+    for (int64_t b = 0; b < B; ++b) ids[static_cast<size_t>(b)] = b;
+    std::vector<float> xs, ys;
+    // One forward_cached call on positions [i0, i0 + n) of every sequence.
+    auto step = [&](int64_t i0, int64_t n) {
+        xs.resize(static_cast<size_t>(B * n * E));
+        ys.resize(xs.size());
+        for (int64_t b = 0; b < B; ++b) {
+            std::copy_n(row(x, b, i0), n * E, xs.data() + b * n * E);
+            offsets[static_cast<size_t>(b + 1)] = (b + 1) * n;
+        }
+        LayerCachedForward p;
+        p.num_seqs = B;
+        p.seq_ids = ids.data();
+        p.q_offsets = offsets.data();
+        p.causal = true;
+        layer.forward_cached(rt, cache, p, xs.data(), ys.data());
+        for (int64_t b = 0; b < B; ++b) std::copy_n(ys.data() + b * n * E, n * E, row(y, b, i0));
+    };
+
+    auto t0 = std::chrono::steady_clock::now();
+    int64_t prefill_calls = 0;
+    for (int64_t i0 = 0; i0 < Lq; i0 += chunk, ++prefill_calls) step(i0, std::min(chunk, Lq - i0));
+    const double prefill_ms = ms_since(t0);
+    std::vector<double> step_ms;
+    for (int64_t i = Lq; i < L; ++i) {
+        for (int64_t b = 0; b < B; ++b) std::copy_n(row(y, b, i - 1), E, row(x, b, i));
+        t0 = std::chrono::steady_clock::now();
+        step(i, 1);
+        step_ms.push_back(ms_since(t0));
+    }
+    double decode_ms = 0;
+    for (double m : step_ms) decode_ms += m;
+    std::vector<double> sorted = step_ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median_step = sorted[sorted.size() / 2];
+    const double tokens_per_s = static_cast<double>(B * N) / (decode_ms * 1e-3);
+    const double prefill_tokens_per_s = static_cast<double>(B * Lq) / (prefill_ms * 1e-3);
+
+    // The full causal forward over every sequence's whole input, compared row by row.
+    int64_t differing = 0, first_b = -1, first_i = -1;
+    double worst = 0;
+    if (o.check_invariance) {
+        std::vector<float> full(y.size());
+        LayerForward p;
+        p.batch = B;
+        p.q_len = p.kv_len = L;
+        p.causal = true;
+        layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < L; ++i) {
+                const float *g = row(y, b, i), *w = row(full, b, i);
+                if (std::memcmp(g, w, static_cast<size_t>(E) * sizeof(float)) == 0) continue;
+                if (differing++ == 0) {
+                    first_b = b;
+                    first_i = i;
+                }
+                for (int64_t e = 0; e < E; ++e)
+                    worst = std::max(worst, std::abs(static_cast<double>(g[e]) - static_cast<double>(w[e])));
+            }
+    }
+
+    if (!o.out.empty()) io::write_npy(o.out, {B, L, E}, y.data());
+    if (o.json) {
+        nlohmann::json j = {{"mode", "generate"}, {"batch", B}, {"prompt_len", Lq}, {"generated", N},
+                            {"prefill_chunk", chunk}, {"prefill_calls", prefill_calls}, {"prefill_ms", prefill_ms},
+                            {"prefill_tokens_per_s", prefill_tokens_per_s}, {"decode_ms", decode_ms},
+                            {"step_ms", step_ms}, {"median_step_ms", median_step}, {"tokens_per_s", tokens_per_s},
+                            {"threads", rt.num_threads()}, {"embed_dim", E}, {"num_heads", c.num_heads},
+                            {"cache_bytes", cache.bytes()}, {"isa", std::string(isa_name(rt.isa()))}};
+        if (o.check_invariance)
+            j["invariance"] = {{"identical", differing == 0}, {"rows", B * L}, {"differing_rows", differing},
+                               {"max_abs_diff", worst}};
+        std::printf("%s\n", j.dump().c_str());
+    } else {
+        std::printf("mha-run: generate: B %ld, prompt %ld, %ld steps, E %ld, H %ld on %d thread%s\n", static_cast<long>(B),
+                    static_cast<long>(Lq), static_cast<long>(N), static_cast<long>(E), static_cast<long>(c.num_heads),
+                    rt.num_threads(), rt.num_threads() > 1 ? "s" : "");
+        std::printf("prefill: %ld tokens in %ld call%s, %.3f ms (%.0f tokens/s)\n", static_cast<long>(B * Lq),
+                    static_cast<long>(prefill_calls), prefill_calls > 1 ? "s" : "", prefill_ms, prefill_tokens_per_s);
+        std::printf("decode: %ld tokens in %ld steps, %.3f ms, median step %.3f ms: %.1f tokens/s\n",
+                    static_cast<long>(B * N), static_cast<long>(N), decode_ms, median_step, tokens_per_s);
+        if (o.check_invariance) {
+            if (differing == 0)
+                std::printf("invariance: all %ld rows (%ld sequence%s x (%ld prompt + %ld generated)) are bitwise identical "
+                            "to the full causal forward\n",
+                            static_cast<long>(B * L), static_cast<long>(B), B > 1 ? "s" : "", static_cast<long>(Lq),
+                            static_cast<long>(N));
+            else
+                std::printf("invariance: FAILED: %ld of %ld rows differ from the full causal forward (first: sequence %ld, "
+                            "position %ld; max |difference| %.3g)\n",
+                            static_cast<long>(differing), static_cast<long>(B * L), static_cast<long>(first_b),
+                            static_cast<long>(first_i), worst);
+        }
+    }
+    return differing == 0 ? 0 : 3;
+}
+
 int run(const cli::RunOptions &o) {
     const io::MhaWeights w = io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads);
     const LayerConfig &c = w.config;
@@ -58,10 +186,15 @@ int run(const cli::RunOptions &o) {
         throw cli::UsageError("--num-heads " + std::to_string(o.num_heads) + " does not divide embed_dim " + std::to_string(E));
     const LayerWeights lw = w.view();
     const LayerConfig rc = c.resolved();
+    if (o.generate && (rc.kdim != E || rc.vdim != E))
+        throw io::FileError(o.weights + ": --generate needs a self-attention layer (kdim = vdim = E = " + std::to_string(E) +
+                            "), but these weights take keys of width " + std::to_string(rc.kdim) + " and values of width " +
+                            std::to_string(rc.vdim));
     const Inputs in = read_inputs(o, E, rc.kdim, rc.vdim);
 
     Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
     const Layer layer(rt, c, lw);
+    if (o.generate) return run_generate(o, rt, layer, in);
     LayerForward p;
     p.batch = in.B;
     p.q_len = in.Lq;
