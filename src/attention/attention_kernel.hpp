@@ -128,9 +128,11 @@ struct FusedAttention {
             float *dst = w.v_packed + (s.cache_kv ? t * s.block_k * round_up_to(Dv, NR) : 0);
             if (s.kv_cache) {
                 const CacheView &c = *s.kv_cache;
-                for (int64_t j = 0, run; j < depth; j += run) {
+                for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
                     run = std::min(depth - j, c.run(j0 + j));
-                    gemm::pack_panels_into<Arch, NR>(Dv, run, c.v_row(it.b, it.g, j0 + j, Dv), 1, Dv, dst + j * NR, depth);
+                    const float *src = c.v_panels(it.b, it.g, j0 + j);
+                    for (int64_t p = 0; p < Dv; p += NR)
+                        std::copy(src + p / NR * c.v_panel, src + p / NR * c.v_panel + run * NR, dst + p * depth + j * NR);
                 }
             } else if (!s.cache_kv || t >= v_ready) {
                 gemm::pack_panels<Arch, NR>(Dv, depth, v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv, 1, s.ldv, dst);
@@ -210,11 +212,12 @@ struct FusedAttention {
         for (int64_t j = 0, step; j < cols; j += step) {
             step = direct_step(s, j0 + j, cols - j);
             for (int64_t h = 0; h < it.kv_heads; ++h) {
-                const bool cached = s.kv_cache != nullptr;
-                const float *vr = cached ? s.kv_cache->v_row(it.b, it.g + h, j0 + j, Dv)
-                                         : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
-                DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr,
-                                              cached ? Dv : s.ldv, w.t + h * Mg * Dv);
+                // Dense V rows (columns contiguous), or the cache's NR-column panels.
+                const CacheView *c = s.kv_cache;
+                const float *vr = c ? c->v_panels(it.b, it.g + h, j0 + j) : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
+                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, c ? c->v_panel : W};
+                DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr, cols_of,
+                                              w.t + h * Mg * Dv);
             }
         }
         for (int64_t r = 0; r < M; ++r) Rows::add(w.t + r * Dv, Dv, acc + r * Dv);

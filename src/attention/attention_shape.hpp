@@ -14,13 +14,14 @@ namespace mha::attention_detail {
 
 // Where a cached sequence's K and V live: the paged KV cache's blocks (see src/serving/). Block
 // `id` starts at pool + id * block_floats; for KV head h it holds the K of its block_tokens tokens
-// as NR-key panels (keys across the lanes, the packed B of Q K^T) at k_head * h, and their V rows
-// (value_dim floats each) at v_start + v_head * h. Sequence b's blocks are
-// blocks[table_off[b]], blocks[table_off[b] + 1], ...
+// as NR-key panels of head_dim depth (keys across the lanes, the packed B of Q K^T) at k_head * h,
+// and their V as NR-column panels of block_tokens depth (the packed B of P V) at
+// v_start + v_head * h, v_panel floats apart. Sequence b's blocks are blocks[table_off[b]],
+// blocks[table_off[b] + 1], ...
 struct CacheView {
     const float *pool = nullptr;
     int64_t block_floats = 0, block_tokens = 0, nr = 0;
-    int64_t k_head = 0, v_start = 0, v_head = 0;
+    int64_t k_head = 0, v_start = 0, v_head = 0, v_panel = 0;
     const int64_t *table_off = nullptr;
     const int32_t *blocks = nullptr;
     const float *block(int64_t b, int64_t j) const {
@@ -30,9 +31,9 @@ struct CacheView {
     const float *k_panels(int64_t b, int64_t h, int64_t j, int64_t head_dim) const {
         return block(b, j) + h * k_head + (j % block_tokens) * head_dim;
     }
-    // V row of key j, KV head h.
-    const float *v_row(int64_t b, int64_t h, int64_t j, int64_t value_dim) const {
-        return block(b, j) + v_start + h * v_head + (j % block_tokens) * value_dim;
+    // Key j's NR values in V's first panel of KV head h (the next panel is v_panel floats on).
+    const float *v_panels(int64_t b, int64_t h, int64_t j) const {
+        return block(b, j) + v_start + h * v_head + (j % block_tokens) * nr;
     }
     // Keys from j to the end of j's block.
     int64_t run(int64_t j) const { return block_tokens - j % block_tokens; }

@@ -49,10 +49,17 @@ struct DirectTiles {
             for (int64_t r = 0; r < ldqt; ++r) qt[d * ldqt + r] = r < M ? q[r * D + d] : 0.0f;
     }
 
-    // acc[r * Dv + c] += sum_j p[r * ldp + j] * v[j * ldv + c] for r < M, j < n, c < Dv, the keys
-    // in order.
+    // Where V's values lie: value (j, c) at v[j * ld + c / width * panel + c % width]. Rows of a
+    // dense tensor: {ldv, W, W}; the cache's NR-column panels: {NR, NR, panel floats}. A vector
+    // never straddles two panels (W divides width).
+    struct Columns {
+        int64_t ld, width, panel;
+        const float *at(const float *v, int64_t c) const { return v + c / width * panel + c % width; }
+    };
+
+    // acc[r * Dv + c] += sum_j p[r * ldp + j] * V(j, c) for r < M, j < n, c < Dv, the keys in order.
     static void accumulate(int64_t M, int64_t n, int64_t Dv, const float *p, int64_t ldp, const float *v,
-                           int64_t ldv, float *acc) {
+                           const Columns &vc, float *acc) {
         constexpr int64_t kRows = 4, kVecs = 4;
         for (int64_t r0 = 0; r0 < M; r0 += kRows)
             for (int64_t c0 = 0; c0 < Dv; c0 += kVecs * W) {
@@ -63,7 +70,7 @@ struct DirectTiles {
                 const int64_t tail = cols - (vecs - 1) * W;  // lanes of the last vector
                 switch (rows * 8 + vecs) {
 #define MHA_DIRECT_BLOCK(R, C) \
-    case R * 8 + C: block<R, C>(n, pr, ldp, v + c0, ldv, ar, Dv, tail); break;
+    case R * 8 + C: block<R, C>(n, pr, ldp, v, vc, c0, ar, Dv, tail); break;
                     MHA_DIRECT_BLOCK(1, 1) MHA_DIRECT_BLOCK(1, 2) MHA_DIRECT_BLOCK(1, 3) MHA_DIRECT_BLOCK(1, 4)
                     MHA_DIRECT_BLOCK(2, 1) MHA_DIRECT_BLOCK(2, 2) MHA_DIRECT_BLOCK(2, 3) MHA_DIRECT_BLOCK(2, 4)
                     MHA_DIRECT_BLOCK(3, 1) MHA_DIRECT_BLOCK(3, 2) MHA_DIRECT_BLOCK(3, 3) MHA_DIRECT_BLOCK(3, 4)
@@ -102,20 +109,22 @@ private:
         }
     }
 
-    // R rows x C vectors of acc (row stride lda), the last vector `tail` lanes wide, held in
-    // registers while the n keys go by.
+    // R rows x C vectors of acc (row stride lda) from column c0, the last vector `tail` lanes wide,
+    // held in registers while the n keys go by.
     template <int R, int C>
-    static void block(int64_t n, const float *p, int64_t ldp, const float *v, int64_t ldv, float *acc,
-                             int64_t lda, int64_t tail) {
+    static void block(int64_t n, const float *p, int64_t ldp, const float *v, const Columns &vc, int64_t c0,
+                      float *acc, int64_t lda, int64_t tail) {
         auto load = [&](const float *x, int c) {
-            return c == C - 1 && tail < W ? Tail::load(x + c * W, tail, 0.0f) : V::load_unaligned(x + c * W);
+            return c == C - 1 && tail < W ? Tail::load(x, tail, 0.0f) : V::load_unaligned(x);
         };
+        const float *vcol[C];
+        for (int c = 0; c < C; ++c) vcol[c] = vc.at(v, c0 + c * W);
         V a[R][C];
         for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) a[r][c] = load(acc + r * lda, c);
+            for (int c = 0; c < C; ++c) a[r][c] = load(acc + r * lda + c * W, c);
         for (int64_t j = 0; j < n; ++j) {
             V vj[C];
-            for (int c = 0; c < C; ++c) vj[c] = load(v + j * ldv, c);
+            for (int c = 0; c < C; ++c) vj[c] = load(vcol[c] + j * vc.ld, c);
             for (int r = 0; r < R; ++r) {
                 const V pj(p[r * ldp + j]);
                 for (int c = 0; c < C; ++c) a[r][c] = simd::fmadd(pj, vj[c], a[r][c]);

@@ -62,7 +62,8 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     const int64_t bt = cfg.block_tokens, H = cfg.num_kv_heads;
     c.k_head = round_up(bt, c.nr) * cfg.head_dim;
     c.v_start = H * c.k_head;
-    c.v_head = bt * cfg.value_dim;
+    c.v_panel = bt * c.nr;
+    c.v_head = (cfg.value_dim + c.nr - 1) / c.nr * c.v_panel;
     c.block_floats = round_up(c.v_start + H * c.v_head, 16);
     c.num_blocks = (cfg.max_tokens + bt - 1) / bt;
     int64_t floats;
@@ -142,8 +143,11 @@ void KVCache::Impl::append_all(std::span<const Append> appends) {
                 float *kd = blk + h * k_head + o / nr * nr * D + o % nr;
                 const float *ks = a.k + t * a.ldk + h * D;
                 for (int64_t d = 0; d < D; ++d) kd[d * nr] = ks[d];
-                std::memcpy(blk + v_start + h * v_head + o * Dv, a.v + t * a.ldv + h * Dv,
-                            static_cast<size_t>(Dv) * sizeof(float));
+                // V: its values split over the panels, NR at a time, row o of each.
+                float *vd = blk + v_start + h * v_head + o * nr;
+                const float *vs = a.v + t * a.ldv + h * Dv;
+                for (int64_t c0 = 0; c0 < Dv; c0 += nr)
+                    std::memcpy(vd + c0 / nr * v_panel, vs + c0, static_cast<size_t>(std::min(nr, Dv - c0)) * sizeof(float));
             }
         }
         s.len += a.n;
@@ -217,7 +221,10 @@ void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v)
                 const float *ks = blk + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
                 for (int64_t d = 0; d < D; ++d) k[(t * H + h) * D + d] = ks[d * c.nr];
             }
-            if (v) std::memcpy(v + (t * H + h) * Dv, blk + c.v_start + h * c.v_head + o * Dv, static_cast<size_t>(Dv) * sizeof(float));
+            if (v)
+                for (int64_t c0 = 0; c0 < Dv; c0 += c.nr)
+                    std::memcpy(v + (t * H + h) * Dv + c0, blk + c.v_start + h * c.v_head + c0 / c.nr * c.v_panel + o * c.nr,
+                                static_cast<size_t>(std::min(c.nr, Dv - c0)) * sizeof(float));
         }
     }
 }
@@ -232,7 +239,7 @@ KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids
         s.blocks.insert(s.blocks.end(), q.blocks.begin(), q.blocks.end());
         s.table_off.push_back(static_cast<int64_t>(s.blocks.size()));
     }
-    s.view = attention_detail::CacheView{pool.data(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head,
+    s.view = attention_detail::CacheView{pool.data(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head, v_panel,
                                          s.table_off.data(), s.blocks.data()};
     return s;
 }

@@ -5,7 +5,8 @@
 // are committed) when the cache is created; serving never calls the allocator. A block holds
 // block_tokens tokens of every KV head: first each head's K as NR-key panels of head_dim depth
 // (the packed B of Q K^T: keys across the vector lanes, so a score is a plain FMA chain), then each
-// head's V rows. Sequences own blocks through their block tables; blocks are reference-counted so
+// head's V as NR-column panels of block_tokens depth (the packed B of P V: every pass over V
+// reads contiguous memory). Sequences own blocks through their block tables; blocks are reference-counted so
 // a fork shares them, and a shared block is copied before an append writes into it.
 #pragma once
 
@@ -27,7 +28,7 @@ struct KVCache::Impl {
     KVCacheConfig cfg;                    // resolved
     std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
     int64_t nr = 0, block_k = 0, kv_chunk = 0;
-    int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, num_blocks = 0;
+    int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, v_panel = 0, num_blocks = 0;
     detail::AlignedBuffer pool;
 
     mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
