@@ -1,7 +1,9 @@
 // The C ABI: a thin layer over the C++ API. Every entry catches everything, so no exception
 // crosses into C, and records the message for mha_last_error() on the calling thread.
+#include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
@@ -58,6 +60,16 @@ mha::Runtime &runtime_of(mha_runtime *rt) {
 mha::KVCache &cache_of(const mha_kv_cache *cache) {
     if (!cache) mha::invalid_argument("cache is NULL");
     return const_cast<mha_kv_cache *>(cache)->cache;
+}
+
+// The cache's getters: *out = fn(cache), after checking cache and out.
+template <class T, class Fn>
+mha_status cache_query(const mha_kv_cache *cache, T *out, const char *out_name, Fn fn) {
+    return guarded([&] {
+        const mha::KVCache &c = cache_of(cache);
+        if (!out) mha::invalid_argument(std::string(out_name) + " is NULL");
+        *out = fn(c);
+    });
 }
 
 mha::LayerConfig layer_config(const mha_layer_config *c) {
@@ -233,7 +245,11 @@ mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *confi
         c.value_dim = config->value_dim;
         c.block_tokens = config->block_tokens;
         c.max_tokens = config->max_tokens;
-        c.dtype = static_cast<mha::DType>(config->dtype);
+        // A C caller may pass any int here: read it as its underlying type (loading an enum out
+        // of its range is undefined in C++), and let the cache refuse unknown values.
+        std::underlying_type_t<mha_dtype> dtype;
+        std::memcpy(&dtype, &config->dtype, sizeof dtype);
+        c.dtype = static_cast<mha::DType>(dtype);
         *out = new mha_kv_cache(r, c);
     });
 }
@@ -257,36 +273,22 @@ mha_status mha_kv_cache_release(mha_kv_cache *cache, int64_t seq_id) {
 }
 
 mha_status mha_kv_cache_seq_len(const mha_kv_cache *cache, int64_t seq_id, int64_t *len) {
-    return guarded([&] {
-        const mha::KVCache &c = cache_of(cache);
-        if (!len) mha::invalid_argument("len is NULL");
-        *len = c.seq_len(seq_id);
-    });
+    return cache_query(cache, len, "len", [&](const mha::KVCache &c) { return c.seq_len(seq_id); });
 }
 
 mha_status mha_kv_cache_free_tokens(const mha_kv_cache *cache, int64_t *tokens) {
-    return guarded([&] {
-        const mha::KVCache &c = cache_of(cache);
-        if (!tokens) mha::invalid_argument("tokens is NULL");
-        *tokens = c.free_tokens();
-    });
+    return cache_query(cache, tokens, "tokens", [](const mha::KVCache &c) { return c.free_tokens(); });
 }
 
 mha_status mha_kv_cache_bytes(const mha_kv_cache *cache, uint64_t *bytes) {
-    return guarded([&] {
-        const mha::KVCache &c = cache_of(cache);
-        if (!bytes) mha::invalid_argument("bytes is NULL");
-        *bytes = c.bytes();
-    });
+    return cache_query(cache, bytes, "bytes", [](const mha::KVCache &c) { return static_cast<uint64_t>(c.bytes()); });
 }
 
 mha_status mha_kv_cache_get_config(const mha_kv_cache *cache, mha_kv_cache_config *config) {
-    return guarded([&] {
-        const mha::KVCache &c = cache_of(cache);
-        if (!config) mha::invalid_argument("config is NULL");
+    return cache_query(cache, config, "config", [](const mha::KVCache &c) {
         const mha::KVCacheConfig &r = c.config();
-        *config = mha_kv_cache_config{r.num_kv_heads, r.head_dim,   r.value_dim,
-                                      r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype)};
+        return mha_kv_cache_config{r.num_kv_heads, r.head_dim,   r.value_dim,
+                                   r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype)};
     });
 }
 
