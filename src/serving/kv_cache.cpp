@@ -1,6 +1,9 @@
 // The paged KV cache: creation, the block allocator (reference counts, copy-on-write), appends
 // into the packed layout, and the snapshots attention reads.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -71,18 +74,20 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
         floats > INT64_MAX / 8)
         invalid_argument("kv cache config: max_tokens = " + str(cfg.max_tokens) + " overflows the cache's size");
     c.cfg = cfg;
-    try {
-        c.pool.reserve(static_cast<size_t>(floats));
-    } catch (const std::bad_alloc &) {
-        throw Error(Status::out_of_memory, "kv cache: out of memory allocating " + str(floats * 4) + " bytes");
-    }
-    std::memset(c.pool.data(), 0, static_cast<size_t>(floats) * sizeof(float));
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+    c.pool.reset(static_cast<float *>(std::aligned_alloc(kHuge, bytes)));
+    if (!c.pool) throw Error(Status::out_of_memory, "kv cache: out of memory allocating " + str(floats * 4) + " bytes");
+    madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
+    std::memset(c.pool.get(), 0, bytes);
     c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
     c.free_blocks.resize(static_cast<size_t>(c.num_blocks));
     for (int64_t i = 0; i < c.num_blocks; ++i) c.free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(c.num_blocks - 1 - i);
 }
 
 KVCache::~KVCache() = default;
+
+void KVCache::Impl::Free::operator()(float *p) const noexcept { std::free(p); }
 
 const KVCacheConfig &KVCache::config() const { return impl_->cfg; }
 
@@ -239,7 +244,7 @@ KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids
         s.blocks.insert(s.blocks.end(), q.blocks.begin(), q.blocks.end());
         s.table_off.push_back(static_cast<int64_t>(s.blocks.size()));
     }
-    s.view = attention_detail::CacheView{pool.data(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head, v_panel,
+    s.view = attention_detail::CacheView{pool.get(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head, v_panel,
                                          s.table_off.data(), s.blocks.data()};
     return s;
 }

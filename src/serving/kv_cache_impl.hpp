@@ -1,8 +1,10 @@
 // The paged KV cache's insides, shared by the cache itself, attention over it and the layer's
 // incremental forward.
 //
-// Memory: one 64-byte aligned pool of num_blocks blocks, all allocated (and zeroed, so the pages
-// are committed) when the cache is created; serving never calls the allocator. A block holds
+// Memory: one pool of num_blocks blocks, all allocated (and zeroed, so the pages are committed)
+// when the cache is created; serving never calls the allocator. The pool is 2 MiB aligned and
+// asks the kernel for transparent huge pages: a decode step streams the whole cache, and with
+// 4 KiB pages it would take a TLB miss every 4 KiB. A block holds
 // block_tokens tokens of every KV head: first each head's K as NR-key panels of head_dim depth
 // (the packed B of Q K^T: keys across the vector lanes, so a score is a plain FMA chain), then each
 // head's V as NR-column panels of block_tokens depth (the packed B of P V: every pass over V
@@ -11,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <span>
@@ -29,7 +32,10 @@ struct KVCache::Impl {
     std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
     int64_t nr = 0, block_k = 0, kv_chunk = 0;
     int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, v_panel = 0, num_blocks = 0;
-    detail::AlignedBuffer pool;
+    struct Free {
+        void operator()(float *p) const noexcept;
+    };
+    std::unique_ptr<float, Free> pool;
 
     mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
     std::vector<int32_t> refs;        // per block: how many sequences hold it
@@ -62,7 +68,7 @@ struct KVCache::Impl {
     Snapshot snapshot(std::span<const int64_t> seq_ids) const;
 
     const Seq &find(int64_t seq_id, const char *what) const;  // throws naming `what` for an unknown id
-    float *block(int32_t id) const { return pool.data() + id * block_floats; }
+    float *block(int32_t id) const { return pool.get() + id * block_floats; }
 };
 
 } // namespace mha
