@@ -6,6 +6,8 @@
 //   V = value W_v^T + b_v     [B, Lk, Hkv, value_dim]
 //   O = attention(Q, K, V)    (mha::attention, with its masks)
 //   out = O W_o^T + b_o       [B, Lq, embed_dim]
+//   with Add & Norm (norm): out = LayerNorm(query + out) (post), or the whole block on
+//   LayerNorm(query) plus query (pre)
 //
 // The weights are packed for the GEMM microkernel once, when the layer is built. The projections
 // are GEMMs with the bias added in their epilogue; self-attention computes Q, K and V in one GEMM.
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mha/dtype.hpp"
 #include "mha/runtime.hpp"
 
 namespace mha {
@@ -25,6 +28,9 @@ struct LayerConfig {
     int64_t head_dim = 0;      // Dqk per head; 0 means E / H (then E must be a multiple of H)
     int64_t value_dim = 0;     // Dv per head; 0 means E / H
     int64_t kdim = 0, vdim = 0;  // the widths of key and value (PyTorch's names); 0 means E
+    DType weight_dtype = DType::f32;  // bf16 weights: Error(unsupported) for now
+    Norm norm = Norm::none;      // Add & Norm around the layer (see mha_norm in mha.h)
+    float norm_eps = 0.0f;       // LayerNorm's eps; 0 means 1e-5
 
     // The same configuration with every 0 replaced by what it means. Throws mha::Error naming the
     // field if the configuration is not valid.
@@ -38,6 +44,7 @@ struct LayerWeights {
     const float *v_weight = nullptr;    // [Hkv * value_dim, vdim]
     const float *out_weight = nullptr;  // [E, H * value_dim]
     const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *out_bias = nullptr;
+    const float *norm_weight = nullptr, *norm_bias = nullptr;  // [E] each; NULL means 1 and 0
 
     // PyTorch's packed form: in_proj_weight [3E, E] holds W_q, W_k and W_v one after the other, and
     // in_proj_bias [3E] (or NULL) their biases. Valid when kdim = vdim = E, Hkv = H and

@@ -85,6 +85,19 @@ typedef struct mha_attention_params {
 mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,
                          const float *q, const float *k, const float *v, float *out);
 
+/* Storage types: of the KV cache (mha_kv_cache_config) and of a layer's weights (mha_layer_config).
+ * Arithmetic stays fp32. MHA_BF16 answers MHA_UNSUPPORTED until bf16 storage is built. */
+typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;
+
+/* Add & Norm around a sub-block f (attention, or the encoder's feed-forward network), with
+ * LayerNorm(x) = (x - mean) / sqrt(var + eps) * norm_weight + norm_bias over each row's E values:
+ *   MHA_NORM_POST: out = LayerNorm(x + f(x))   (seed 002, PyTorch's default, norm_first=False)
+ *   MHA_NORM_PRE:  out = x + f(LayerNorm(x))   (norm_first=True)
+ * For the attention layer x is the query; with MHA_NORM_PRE key and value are normalized too only
+ * for self-attention (they are the query). A row of equal values gives norm_bias; a NaN stays in
+ * its row. */
+typedef enum mha_norm { MHA_NORM_NONE = 0, MHA_NORM_POST = 1, MHA_NORM_PRE = 2 } mha_norm;
+
 /* ---- The multi-head attention layer ----------------------------------------------------------
  * Built once from a checkpoint's weights, then called for every request:
  *   Q = query Wq^T + bq, K = key Wk^T + bk, V = value Wv^T + bv  (PyTorch's nn.Linear layout)
@@ -99,6 +112,9 @@ typedef struct mha_layer_config {
     int64_t num_kv_heads;             /* 0 = num_heads; num_heads must be a multiple of it */
     int64_t head_dim, value_dim;      /* per head; 0 = embed_dim / num_heads */
     int64_t kdim, vdim;               /* widths of key and value; 0 = embed_dim */
+    mha_dtype weight_dtype;           /* MHA_F32 (0); MHA_BF16 answers MHA_UNSUPPORTED for now */
+    int norm;                         /* an mha_norm: MHA_NORM_NONE (0), MHA_NORM_POST or MHA_NORM_PRE */
+    float norm_eps;                   /* LayerNorm's eps; 0 = 1e-5 (seed 002 uses 1e-6) */
 } mha_layer_config;
 
 typedef struct mha_layer_weights {
@@ -107,6 +123,7 @@ typedef struct mha_layer_weights {
     const float *v_weight;            /* [num_kv_heads * value_dim, vdim] */
     const float *out_weight;          /* [embed_dim, num_heads * value_dim] */
     const float *q_bias, *k_bias, *v_bias, *out_bias;   /* NULL = no bias */
+    const float *norm_weight, *norm_bias;               /* [embed_dim] each, for norm; NULL = 1 and 0 */
 } mha_layer_weights;
 
 /* Fills *out with pointers into PyTorch's packed in_proj_weight [3E, E] and in_proj_bias [3E]
@@ -165,8 +182,6 @@ typedef struct mha_varlen_params {
    query block), costliest first. */
 mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p,
                                 const float *q, const float *k, const float *v, float *out);
-
-typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;   /* MHA_BF16 answers MHA_UNSUPPORTED for now */
 
 /* A paged KV cache: fixed-size blocks of block_tokens tokens, all allocated (and zeroed) when the
  * cache is created, handed to sequences through per-sequence block tables and reference-counted, so
@@ -237,6 +252,38 @@ typedef struct mha_layer_cached_params {
    tokens: MHA_OUT_OF_MEMORY, and nothing is appended or written. */
 mha_status mha_layer_forward_cached(mha_runtime *rt, const mha_layer *layer, mha_kv_cache *cache,
                                     const mha_layer_cached_params *p, const float *x, float *out);
+
+/* ---- The encoder layer --------------------------------------------------------------------------
+ * nn.TransformerEncoderLayer(d_model = E, nhead, dim_feedforward = ffn_dim, activation,
+ * layer_norm_eps, batch_first=True, norm_first) in eval mode:
+ *   MHA_NORM_POST: y = LayerNorm1(x + SelfAttention(x));   out = LayerNorm2(y + FFN(y))
+ *   MHA_NORM_PRE:  y = x + SelfAttention(LayerNorm1(x));   out = y + FFN(LayerNorm2(y))
+ *   FFN(y) = linear2(activation(linear1(y))).
+ * The weights are PyTorch's state_dict tensors: self_attn.in_proj_weight/bias (through
+ * mha_layer_weights_from_in_proj), self_attn.out_proj.*, linear1.*, linear2.*, norm1.*, norm2.*. */
+typedef enum mha_activation { MHA_ACT_RELU = 0, MHA_ACT_GELU = 1 } mha_activation;  /* GELU: the erf form */
+
+typedef struct mha_encoder_layer mha_encoder_layer;
+typedef struct mha_encoder_config {
+    mha_layer_config attention;      /* self-attention (kdim = vdim = E); its norm field picks post (norm_first=False)
+                                        or pre (True) for both sub-blocks and must not be MHA_NORM_NONE */
+    int64_t ffn_dim;
+    int activation;                  /* MHA_ACT_RELU = 0, MHA_ACT_GELU = 1 (erf form, as PyTorch's "gelu") */
+} mha_encoder_config;
+typedef struct mha_encoder_weights {
+    mha_layer_weights attention;     /* norm_weight/norm_bias = PyTorch's norm1 */
+    const float *linear1_weight, *linear1_bias;   /* [ffn_dim, E], [ffn_dim]; a NULL bias = none */
+    const float *linear2_weight, *linear2_bias;   /* [E, ffn_dim], [E] */
+    const float *norm2_weight, *norm2_bias;       /* [E]; NULL = 1 and 0 */
+} mha_encoder_weights;
+mha_status mha_encoder_layer_create(mha_runtime *rt, const mha_encoder_config *config,
+                                    const mha_encoder_weights *weights, mha_encoder_layer **out);
+void       mha_encoder_layer_destroy(mha_encoder_layer *layer);  /* NULL is fine */
+/* x [batch, len, E] -> out [batch, len, E]; p carries batch, q_len (= kv_len, or 0), causal, kv_valid_lens,
+   mask as for the layer (p->weights must be NULL). x == out is allowed. The same bitwise guarantees as
+   the layer: any thread count, a sequence alone or inside a batch. */
+mha_status mha_encoder_layer_forward(mha_runtime *rt, const mha_encoder_layer *layer,
+                                     const mha_layer_forward_params *p, const float *x, float *out);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mha/dtype.hpp"
 #include "mha/runtime.hpp"
 
 namespace mha {
@@ -29,8 +30,6 @@ struct VarlenParams {
 // Throws mha::Error naming the field on bad input, before writing anything.
 void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v,
                       float *out);
-
-enum class DType { f32 = 0, bf16 = 1 };
 
 struct KVCacheConfig {
     int64_t num_kv_heads = 0, head_dim = 0, value_dim = 0;
