@@ -2,9 +2,13 @@
 MHA_PACKAGES=(meson ninja-build g++ pkg-config cmake libxsimd-dev libtbb-dev doctest-dev libbenchmark-dev
               nlohmann-json3-dev libdnnl-dev libopenblas-dev)
 
-ensure_packages() {
-    local missing=()
-    for p in "${MHA_PACKAGES[@]}"; do
+# The oracle for golden files and fits in tests/data/ (the C++ tests never need it): tools/goldens.
+MHA_ORACLE_PACKAGES=(python3-numpy python3-torch)
+
+ensure_packages() {  # ensure_packages [PACKAGE...]: MHA_PACKAGES by default
+    local missing=() wanted=("$@")
+    [ ${#wanted[@]} -eq 0 ] && wanted=("${MHA_PACKAGES[@]}")
+    for p in "${wanted[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0

@@ -32,6 +32,7 @@ struct Output {
     int64_t ld;
     float alpha, beta;
     const float *bias = nullptr;  // NULL, or n values added to every row (alpha == 1)
+    Epilogue act = Epilogue::none;  // applied to each block of C once its whole depth is summed
 };
 
 // Columns [j0, ...) of a B packed ahead of time, read in place of packing B per call.
@@ -106,8 +107,10 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 }
                 const int64_t i0 = ir0 * MR;
                 // JR and IR run inside the ISA's translation unit.
-                uk.macro_packed(std::min(mc, ir1 * MR) - i0, ncur, kc, ap + i0 * kc, bp, c.p + (ic + i0) * c.ld + jc,
-                                c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
+                const int64_t rows = std::min(mc, ir1 * MR) - i0;
+                float *cb = c.p + (ic + i0) * c.ld + jc;
+                uk.macro_packed(rows, ncur, kc, ap + i0 * kc, bp, cb, c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
+                if (c.act != Epilogue::none && pc + kc == k) uk.activate(c.act, rows, ncur, cb, c.ld);
             });
         }
     }
@@ -187,14 +190,14 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
 }
 
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
-                     const float *bias, float *c, int64_t ldc) {
+                     const float *bias, float *c, int64_t ldc, Epilogue act) {
     if (b.kernel != s.sgemm->name || b.kc != s.tiles.kc)
         invalid_argument("the weights were packed for microkernel " + b.kernel + " with kc = " + std::to_string(b.kc) +
                          ", but this runtime uses " + s.sgemm->name + " with kc = " + std::to_string(s.tiles.kc) +
                          "; build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
     s.arena.execute([&] {
-        sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias},
+        sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias, act},
                      Prepacked{&b, j0});
     });
 }

@@ -37,6 +37,9 @@ using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_
 using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c,
                                int64_t ldc, float alpha, float beta, const float *bias);
 using MacroSupFn = void (*)(const SupArgs &args);
+// An elementwise activation applied to a finished block of C (the GEMM epilogue of linear1).
+enum class Epilogue { none = 0, relu = 1, gelu = 2 };
+using ActivateFn = void (*)(Epilogue act, int64_t rows, int64_t cols, float *c, int64_t ldc);
 
 struct SgemmKernel {
     const char *name;  // "<isa>_<MR>x<NR>"
@@ -46,6 +49,7 @@ struct SgemmKernel {
     PackBlockFn pack_b;
     MacroPackedFn macro_packed;
     MacroSupFn macro_sup;
+    ActivateFn activate;
 };
 
 std::span<const SgemmKernel> sgemm_kernels_avx2();

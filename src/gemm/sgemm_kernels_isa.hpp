@@ -1,6 +1,7 @@
 // Expands kernel_list.inc into the table of one ISA. Included once by each kernels_<isa>.cpp after
 // it defines MHA_ISA_TAG (avx2 or avx512) and MHA_ISA_ARCH (the xsimd architecture).
 #include "gemm/sgemm_kernels.hpp"
+#include "gemm/activation.hpp"
 #include "gemm/sgemm_macro.hpp"
 
 namespace mha::gemm {
@@ -11,7 +12,8 @@ constexpr SgemmKernel make_kernel(const char *name) {
     using A = MHA_ISA_ARCH;
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, A>::size);
     return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_panels<A, MR>, &pack_panels<A, NR>,
-                       &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>};
+                       &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>,
+                       &activate<A>};
 }
 
 #define MHA_EMIT_KERNEL(name, mr, nv) make_kernel<mr, nv>(name),

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "mha/attention.hpp"
+#include "mha/encoder.hpp"
 #include "mha/gemm.hpp"
 #include "mha/layer.hpp"
 #include "mha/mha.h"
@@ -21,6 +22,11 @@ struct mha_runtime {
 struct mha_layer {
     mha::Layer layer;
     mha_layer(mha::Runtime &rt, const mha::LayerConfig &c, const mha::LayerWeights &w) : layer(rt, c, w) {}
+};
+
+struct mha_encoder_layer {
+    mha::EncoderLayer layer;
+    mha_encoder_layer(mha::Runtime &rt, const mha::EncoderConfig &c, const mha::EncoderWeights &w) : layer(rt, c, w) {}
 };
 
 struct mha_kv_cache {
@@ -82,7 +88,45 @@ mha::LayerConfig layer_config(const mha_layer_config *c) {
     l.value_dim = c->value_dim;
     l.kdim = c->kdim;
     l.vdim = c->vdim;
+    // A C caller may store any int in the enum field: read it as its integer (loading an enum out
+    // of its range is undefined in C++); resolved() refuses unknown values.
+    std::underlying_type_t<mha_dtype> dtype;
+    std::memcpy(&dtype, &c->weight_dtype, sizeof dtype);
+    l.weight_dtype = static_cast<mha::DType>(dtype);
+    l.norm = static_cast<mha::Norm>(c->norm);
+    l.norm_eps = c->norm_eps;
     return l;
+}
+
+mha::LayerWeights layer_weights(const mha_layer_weights *weights) {
+    if (!weights) mha::invalid_argument("weights is NULL");
+    mha::LayerWeights w;
+    w.q_weight = weights->q_weight;
+    w.k_weight = weights->k_weight;
+    w.v_weight = weights->v_weight;
+    w.out_weight = weights->out_weight;
+    w.q_bias = weights->q_bias;
+    w.k_bias = weights->k_bias;
+    w.v_bias = weights->v_bias;
+    w.out_bias = weights->out_bias;
+    w.norm_weight = weights->norm_weight;
+    w.norm_bias = weights->norm_bias;
+    return w;
+}
+
+mha::LayerForward layer_forward_params(const mha_layer_forward_params *p) {
+    if (!p) mha::invalid_argument("p is NULL");
+    mha::LayerForward f;
+    f.batch = p->batch;
+    f.q_len = p->q_len;
+    f.kv_len = p->kv_len;
+    f.causal = p->causal != 0;
+    f.kv_valid_lens = p->kv_valid_lens;
+    f.mask = p->mask;
+    f.mask_batch_stride = p->mask_batch_stride;
+    f.mask_row_stride = p->mask_row_stride;
+    f.weights = p->weights;
+    return f;
 }
 
 } // namespace
@@ -178,16 +222,7 @@ mha_status mha_layer_create(mha_runtime *rt, const mha_layer_config *config, con
         if (!out) mha::invalid_argument("out is NULL");
         *out = nullptr;
         mha::Runtime &r = runtime_of(rt);
-        if (!weights) mha::invalid_argument("weights is NULL");
-        mha::LayerWeights w;
-        w.q_weight = weights->q_weight;
-        w.k_weight = weights->k_weight;
-        w.v_weight = weights->v_weight;
-        w.out_weight = weights->out_weight;
-        w.q_bias = weights->q_bias;
-        w.k_bias = weights->k_bias;
-        w.v_bias = weights->v_bias;
-        w.out_bias = weights->out_bias;
+        const mha::LayerWeights w = layer_weights(weights);
         *out = new mha_layer(r, layer_config(config), w);
     });
 }
@@ -199,18 +234,42 @@ mha_status mha_layer_forward(mha_runtime *rt, const mha_layer *layer, const mha_
     return guarded([&] {
         mha::Runtime &r = runtime_of(rt);
         if (!layer) mha::invalid_argument("layer is NULL");
-        if (!p) mha::invalid_argument("p is NULL");
-        mha::LayerForward f;
-        f.batch = p->batch;
-        f.q_len = p->q_len;
-        f.kv_len = p->kv_len;
-        f.causal = p->causal != 0;
-        f.kv_valid_lens = p->kv_valid_lens;
-        f.mask = p->mask;
-        f.mask_batch_stride = p->mask_batch_stride;
-        f.mask_row_stride = p->mask_row_stride;
-        f.weights = p->weights;
-        layer->layer.forward(r, f, query, key, value, out);
+        layer->layer.forward(r, layer_forward_params(p), query, key, value, out);
+    });
+}
+
+mha_status mha_encoder_layer_create(mha_runtime *rt, const mha_encoder_config *config,
+                                    const mha_encoder_weights *weights, mha_encoder_layer **out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        *out = nullptr;
+        mha::Runtime &r = runtime_of(rt);
+        if (!config) mha::invalid_argument("config is NULL");
+        if (!weights) mha::invalid_argument("weights is NULL");
+        mha::EncoderConfig c;
+        c.attention = layer_config(&config->attention);
+        c.ffn_dim = config->ffn_dim;
+        c.activation = static_cast<mha::Activation>(config->activation);
+        mha::EncoderWeights w;
+        w.attention = layer_weights(&weights->attention);
+        w.linear1_weight = weights->linear1_weight;
+        w.linear1_bias = weights->linear1_bias;
+        w.linear2_weight = weights->linear2_weight;
+        w.linear2_bias = weights->linear2_bias;
+        w.norm2_weight = weights->norm2_weight;
+        w.norm2_bias = weights->norm2_bias;
+        *out = new mha_encoder_layer(r, c, w);
+    });
+}
+
+void mha_encoder_layer_destroy(mha_encoder_layer *layer) { delete layer; }
+
+mha_status mha_encoder_layer_forward(mha_runtime *rt, const mha_encoder_layer *layer,
+                                     const mha_layer_forward_params *p, const float *x, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!layer) mha::invalid_argument("layer is NULL");
+        layer->layer.forward(r, layer_forward_params(p), x, out);
     });
 }
 

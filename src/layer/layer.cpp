@@ -3,11 +3,13 @@
 #include "mha/layer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "gemm/prepacked.hpp"
+#include "layer/norm.hpp"
 #include "mha/attention.hpp"
 #include "mha/serving.hpp"
 #include "runtime/runtime_state.hpp"
@@ -51,6 +53,20 @@ struct Layer::Impl {
     gemm::PackedB qkv, k_alone, v_alone, out;
     std::vector<float> qkv_bias, out_bias;
     Projection q_proj, k_proj, v_proj, out_proj;
+    std::vector<float> norm_weight, norm_bias;  // empty: 1 and 0
+
+    const float *norm_w() const { return norm_weight.empty() ? nullptr : norm_weight.data(); }
+    const float *norm_b() const { return norm_bias.empty() ? nullptr : norm_bias.data(); }
+    // Add & Norm after the output projection: out = LayerNorm(x + proj) (post) or x + proj (pre).
+    void add_norm(detail::RuntimeState &st, int64_t rows, const float *x, const float *proj, float *out) const {
+        layer_detail::add_norm_rows(st, cfg.norm == Norm::post, rows, cfg.embed_dim, x, cfg.embed_dim, proj,
+                                    cfg.embed_dim, out, cfg.embed_dim, norm_w(), norm_b(), cfg.norm_eps);
+    }
+    // Pre-norm's LayerNorm(x) into xn.
+    void pre_norm(detail::RuntimeState &st, int64_t rows, const float *x, float *xn) const {
+        layer_detail::add_norm_rows(st, true, rows, cfg.embed_dim, x, cfg.embed_dim, nullptr, 0, xn, cfg.embed_dim,
+                                    norm_w(), norm_b(), cfg.norm_eps);
+    }
 };
 
 LayerConfig LayerConfig::resolved() const {
@@ -69,6 +85,15 @@ LayerConfig LayerConfig::resolved() const {
                          std::to_string(c.num_heads) + "; give head_dim and value_dim");
     if (c.head_dim == 0) c.head_dim = c.embed_dim / c.num_heads;
     if (c.value_dim == 0) c.value_dim = c.embed_dim / c.num_heads;
+    if (c.weight_dtype == DType::bf16) throw Error(Status::unsupported, "weight_dtype MHA_BF16 is not supported yet");
+    if (c.weight_dtype != DType::f32)
+        invalid_argument("weight_dtype = " + std::to_string(static_cast<int>(c.weight_dtype)) + " is not an mha_dtype");
+    if (c.norm != Norm::none && c.norm != Norm::post && c.norm != Norm::pre)
+        invalid_argument("norm = " + std::to_string(static_cast<int>(c.norm)) +
+                         " is not an mha_norm (MHA_NORM_NONE, MHA_NORM_POST, MHA_NORM_PRE)");
+    if (!std::isfinite(c.norm_eps) || c.norm_eps < 0.0f)
+        invalid_argument("norm_eps = " + std::to_string(c.norm_eps) + " must be finite and >= 0 (0 = 1e-5)");
+    if (c.norm_eps == 0.0f) c.norm_eps = 1e-5f;
     if (c.kdim == 0) c.kdim = c.embed_dim;
     if (c.vdim == 0) c.vdim = c.embed_dim;
     product({c.num_heads, c.head_dim, c.embed_dim}, "q_weight");
@@ -152,6 +177,8 @@ Layer::Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &w) : im
     m.out = pack(w.out_weight, E, c.num_heads * c.value_dim);
     if (w.out_bias) m.out_bias.assign(w.out_bias, w.out_bias + E);
     m.out_proj = {&m.out, 0, E, w.out_bias ? m.out_bias.data() : nullptr};
+    if (w.norm_weight) m.norm_weight.assign(w.norm_weight, w.norm_weight + E);
+    if (w.norm_bias) m.norm_bias.assign(w.norm_bias, w.norm_bias + E);
 }
 
 Layer::~Layer() = default;
@@ -228,11 +255,21 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
         return attention_validate(ap, &none, &none, &none, &none);
     }
 
-    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + kv_floats + o_floats));
+    // With Add & Norm: the output projection goes to a buffer of its own (out may be the query), and
+    // pre-norm adds LayerNorm(query), which self-attention also takes as its key and value.
+    const int64_t n_floats = c.norm != Norm::none ? product({q_tokens, c.embed_dim}, "out") : 0;
+    const int64_t xn_floats = c.norm == Norm::pre ? n_floats : 0;
+    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + kv_floats + o_floats + n_floats + xn_floats));
     float *qs = scratch.data(), *ks = one_gemm ? qs + m.k_off : qs + q_floats, *vs = one_gemm ? qs + m.v_off
                                                                                             : ks + round_up(m.nk, 16);
-    float *os = qs + q_floats + kv_floats;
+    float *os = qs + q_floats + kv_floats, *proj = os + o_floats, *xn = proj + n_floats;
     attention_validate(ap, qs, ks, vs, os);  // the masks and valid lengths, before anything is written
+    const float *residual = query;
+    if (c.norm == Norm::pre) {
+        m.pre_norm(st, q_tokens, query, xn);
+        query = xn;
+        if (self) key = value = xn;
+    }
 
     auto project = [&](const Projection &pr, int64_t tokens, const float *x, int64_t in, float *y, int64_t ldy) {
         gemm::sgemm_prepacked(st, tokens, pr.n, x, in, *pr.packed, pr.j0, pr.bias, y, ldy);
@@ -249,7 +286,9 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
         }
     }
     attention(rt, ap, qs, ks, vs, os);
-    project(m.out_proj, q_tokens, os, Hq, out, c.embed_dim);
+    if (c.norm == Norm::none) return project(m.out_proj, q_tokens, os, Hq, out, c.embed_dim);
+    project(m.out_proj, q_tokens, os, Hq, proj, c.embed_dim);
+    m.add_norm(st, q_tokens, residual, proj, out);
 }
 
 void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x,
@@ -289,8 +328,15 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
     }
     // Scratch: [tokens, q | k | v] from the one fused projection, and the attention's output O.
     const int64_t q_floats = product({tokens, m.qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
-    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats));
-    float *qkv = scratch.data(), *os = qkv + q_floats;
+    const int64_t n_floats = c.norm != Norm::none ? product({tokens, c.embed_dim}, "out") : 0;  // as in forward()
+    const int64_t xn_floats = c.norm == Norm::pre ? n_floats : 0;
+    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + n_floats + xn_floats));
+    float *qkv = scratch.data(), *os = qkv + q_floats, *proj = os + o_floats, *xn = proj + n_floats;
+    const float *residual = x;
+    if (c.norm == Norm::pre && tokens) {
+        m.pre_norm(st, tokens, x, xn);
+        x = xn;
+    }
     if (tokens)
         gemm::sgemm_prepacked(st, tokens, m.v_off + m.nv, x, c.embed_dim, m.qkv, 0,
                               m.qkv_bias.empty() ? nullptr : m.qkv_bias.data(), qkv, m.qkv_width);
@@ -312,7 +358,10 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
     ap.q_stride = m.qkv_width;
     ap.out_stride = Hq;
     attention_cached(rt, cache, ap, qkv, os);
-    gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, out, c.embed_dim);
+    if (c.norm == Norm::none)
+        return gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, out, c.embed_dim);
+    gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, proj, c.embed_dim);
+    m.add_norm(st, tokens, residual, proj, out);
 }
 
 } // namespace mha
