@@ -41,6 +41,8 @@ public:
     // (0 or q_len), causal, kv_valid_lens and mask as for Layer::forward; p.weights must be NULL.
     // Bitwise the same for any thread count and for a sequence alone or in a batch.
     void forward(Runtime &rt, const LayerForward &p, const float *x, float *out) const;
+    // A ragged batch, x [total, E] -> out [total, E] (see LayerVarlenForward): no padding computed.
+    void forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const;
 
     const EncoderConfig &config() const;  // resolved
     double flops(const LayerForward &p) const;

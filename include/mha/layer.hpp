@@ -72,6 +72,14 @@ struct LayerCachedForward {
     bool causal = false;
 };
 
+// A ragged batch through a self-attention layer: sequence s owns rows offsets[s] .. offsets[s+1]-1
+// of x and out, no padding.
+struct LayerVarlenForward {
+    int64_t num_seqs = 0;
+    const int64_t *offsets = nullptr;  // [num_seqs + 1], non-decreasing, starting at 0
+    bool causal = false;
+};
+
 class KVCache;
 
 class Layer {
@@ -98,6 +106,10 @@ public:
     // blocks throws Error(out_of_memory) with nothing appended or written. A token's output has the
     // bits that forward() gives it in a causal self-attention over its whole sequence.
     void forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x, float *out) const;
+
+    // x [total, E] -> out [total, E] for a ragged batch (self-attention layers only); a row gets
+    // the bits forward() gives it in its sequence alone.
+    void forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const;
 
     const LayerConfig &config() const;  // resolved
     // Floating-point operations of one forward call (projections, attention without masks, output).

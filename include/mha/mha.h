@@ -285,6 +285,14 @@ void       mha_encoder_layer_destroy(mha_encoder_layer *layer);  /* NULL is fine
 mha_status mha_encoder_layer_forward(mha_runtime *rt, const mha_encoder_layer *layer,
                                      const mha_layer_forward_params *p, const float *x, float *out);
 
+/* Ragged batches, no padding: sequence s owns rows offsets[s] .. offsets[s+1]-1 (offsets [num_seqs + 1],
+   non-decreasing, offsets[0] = 0) of x [total, E] and out [total, E]. Self-attention layers only; a row
+   gets the bits the dense forward gives it in its sequence alone. */
+mha_status mha_layer_forward_varlen(mha_runtime *rt, const mha_layer *layer, int64_t num_seqs, const int64_t *offsets,
+                                    int causal, const float *x, float *out);
+mha_status mha_encoder_layer_forward_varlen(mha_runtime *rt, const mha_encoder_layer *layer, int64_t num_seqs,
+                                            const int64_t *offsets, int causal, const float *x, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,12 +24,16 @@ struct VarlenParams {
     int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, value_dim = 0;
     float scale = 0.0f;                   // 0 means 1/sqrt(head_dim)
     bool causal = false;                  // bottom-right per sequence
+    int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;  // floats between rows; 0 = dense
 };
 
 // q [total_q, H, Dqk], k [total_kv, Hkv, Dqk], v [total_kv, Hkv, Dv] -> out [total_q, H, Dv].
 // Throws mha::Error naming the field on bad input, before writing anything.
 void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v,
                       float *out);
+// Throws mha::Error, naming the field, if the arguments of attention_varlen() are not valid.
+void attention_varlen_validate(const VarlenParams &p, const float *q, const float *k, const float *v,
+                               const float *out);
 
 struct KVCacheConfig {
     int64_t num_kv_heads = 0, head_dim = 0, value_dim = 0;

@@ -22,6 +22,9 @@ struct EncoderLayer::Impl {
     gemm::PackedB w1, w2;
     std::vector<float> b1, b2, norm_weight, norm_bias;  // empty: none (norm: 1 and 0)
     const float *ptr(const std::vector<float> &v) const { return v.empty() ? nullptr : v.data(); }
+    // y = attention_into(y), then the FFN with its Add & Norm from y into out, row block by row block.
+    template <class Attention>
+    void run(Runtime &rt, int64_t tokens, float *out, const Attention &attention_into) const;
 };
 
 namespace {
@@ -91,14 +94,35 @@ void EncoderLayer::forward(Runtime &rt, const LayerForward &p, const float *x, f
         detail::check_matrix("x", "embed_dim", x, tokens, E, E);
         detail::check_matrix("out", "embed_dim", out, tokens, E, E);
     }
+    m.run(rt, tokens, out, [&](float *y) { m.attention->forward(rt, p, x, nullptr, nullptr, y); });
+}
+
+void EncoderLayer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const {
+    const Impl &m = *impl_;
+    const int64_t E = m.cfg.attention.embed_dim;
+    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
+    if (p.num_seqs > 0) detail::check_not_null("offsets", p.offsets);
+    const int64_t tokens = p.num_seqs > 0 ? p.offsets[p.num_seqs] : 0;
+    if (tokens < 0) invalid_argument("offsets[num_seqs] = " + std::to_string(tokens) + " is negative");
+    if (tokens) {
+        detail::check_matrix("x", "embed_dim", x, tokens, E, E);
+        detail::check_matrix("out", "embed_dim", out, tokens, E, E);
+    }
+    m.run(rt, tokens, out, [&](float *y) { m.attention->forward_varlen(rt, p, x, y); });
+}
+
+template <class Attention>
+void EncoderLayer::Impl::run(Runtime &rt, int64_t tokens, float *out, const Attention &attention_into) const {
+    const Impl &m = *this;
+    const int64_t E = m.cfg.attention.embed_dim, F = m.cfg.ffn_dim;
     auto &st = rt.state();
-    const int64_t R = std::min(tokens, ffn_block_rows(F));
+    const int64_t R = std::max<int64_t>(1, std::min(tokens, ffn_block_rows(F)));
     const int64_t y_floats = product(tokens, E, "x");
     // y, then per row block the normalized input (pre-norm), the hidden activations and linear2's
     // output; borrowed before anything is written.
     auto scratch = st.pool.borrow(static_cast<size_t>(y_floats + R * (2 * E + F) + 1));
     float *y = scratch.data(), *zn = y + y_floats, *h = zn + R * E, *f = h + R * F;
-    m.attention->forward(rt, p, x, nullptr, nullptr, y);  // validates the masks; x is read only here
+    attention_into(y);  // validates the rest; x is read only here, so out may be x
     if (tokens == 0) return;
 
     const bool post = m.cfg.attention.norm == Norm::post;

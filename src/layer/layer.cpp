@@ -62,6 +62,32 @@ struct Layer::Impl {
         layer_detail::add_norm_rows(st, cfg.norm == Norm::post, rows, cfg.embed_dim, x, cfg.embed_dim, proj,
                                     cfg.embed_dim, out, cfg.embed_dim, norm_w(), norm_b(), cfg.norm_eps);
     }
+    // Self-attention over `tokens` rows of x (sequences as `attend` sees them): [pre-norm], the fused
+    // QKV projection into [tokens, q | k | v], attend(qkv, o) writing O [tokens, H * Dv], the output
+    // projection, [Add & Norm]. Scratch is borrowed before anything is written.
+    template <class Attend>
+    void self_rows(detail::RuntimeState &st, int64_t tokens, const float *x, float *y, const Attend &attend) const {
+        const int64_t Hq = cfg.num_heads * cfg.value_dim, E = cfg.embed_dim;
+        const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
+        const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
+        const int64_t xn_floats = cfg.norm == Norm::pre ? n_floats : 0;
+        auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + n_floats + xn_floats));
+        float *rows = scratch.data(), *os = rows + q_floats, *proj = os + o_floats, *xn = proj + n_floats;
+        const float *residual = x;
+        if (cfg.norm == Norm::pre && tokens) {
+            pre_norm(st, tokens, x, xn);
+            x = xn;
+        }
+        if (tokens)
+            gemm::sgemm_prepacked(st, tokens, v_off + nv, x, E, qkv, 0, qkv_bias.empty() ? nullptr : qkv_bias.data(),
+                                  rows, qkv_width);
+        attend(static_cast<const float *>(rows), os);
+        if (!tokens) return;
+        if (cfg.norm == Norm::none) return gemm::sgemm_prepacked(st, tokens, E, os, Hq, out, 0, out_proj.bias, y, E);
+        gemm::sgemm_prepacked(st, tokens, E, os, Hq, out, 0, out_proj.bias, proj, E);
+        add_norm(st, tokens, residual, proj, y);
+    }
+
     // Pre-norm's LayerNorm(x) into xn.
     void pre_norm(detail::RuntimeState &st, int64_t rows, const float *x, float *xn) const {
         layer_detail::add_norm_rows(st, true, rows, cfg.embed_dim, x, cfg.embed_dim, nullptr, 0, xn, cfg.embed_dim,
@@ -321,47 +347,60 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
             invalid_argument("seq_ids[" + std::to_string(s) + "] = " + std::to_string(p.seq_ids[s]) + " appears twice");
     }
     const int64_t tokens = p.num_seqs > 0 ? p.q_offsets[p.num_seqs] : 0;
-    const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
     if (tokens) {
         detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
     }
-    // Scratch: [tokens, q | k | v] from the one fused projection, and the attention's output O.
-    const int64_t q_floats = product({tokens, m.qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
-    const int64_t n_floats = c.norm != Norm::none ? product({tokens, c.embed_dim}, "out") : 0;  // as in forward()
-    const int64_t xn_floats = c.norm == Norm::pre ? n_floats : 0;
-    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + n_floats + xn_floats));
-    float *qkv = scratch.data(), *os = qkv + q_floats, *proj = os + o_floats, *xn = proj + n_floats;
-    const float *residual = x;
-    if (c.norm == Norm::pre && tokens) {
-        m.pre_norm(st, tokens, x, xn);
-        x = xn;
-    }
-    if (tokens)
-        gemm::sgemm_prepacked(st, tokens, m.v_off + m.nv, x, c.embed_dim, m.qkv, 0,
-                              m.qkv_bias.empty() ? nullptr : m.qkv_bias.data(), qkv, m.qkv_width);
-    // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
-    std::vector<KVCache::Impl::Append> appends;
-    for (int64_t s = 0; s < p.num_seqs; ++s) {
-        const float *row = qkv + p.q_offsets[s] * m.qkv_width;
-        appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row + m.k_off, row + m.v_off,
-                           m.qkv_width, m.qkv_width});
-    }
-    kc.append_all(appends);
-    if (!tokens) return;
-    CachedParams ap;
+    const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
+    m.self_rows(st, tokens, x, out, [&](const float *qkv, float *os) {
+        // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
+        std::vector<KVCache::Impl::Append> appends;
+        for (int64_t s = 0; s < p.num_seqs; ++s) {
+            const float *row = qkv + p.q_offsets[s] * m.qkv_width;
+            appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row + m.k_off, row + m.v_off,
+                               m.qkv_width, m.qkv_width});
+        }
+        kc.append_all(appends);
+        if (!tokens) return;
+        CachedParams ap;
+        ap.num_seqs = p.num_seqs;
+        ap.seq_ids = p.seq_ids;
+        ap.q_offsets = p.q_offsets;
+        ap.num_heads = c.num_heads;
+        ap.causal = p.causal;
+        ap.q_stride = m.qkv_width;
+        ap.out_stride = Hq;
+        attention_cached(rt, cache, ap, qkv, os);
+    });
+}
+
+void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const {
+    const Impl &m = *impl_;
+    const LayerConfig &c = m.cfg;
+    auto &st = rt.state();
+    if (!m.fused) invalid_argument("forward_varlen needs a self-attention layer (kdim = vdim = embed_dim)");
+    VarlenParams ap;
     ap.num_seqs = p.num_seqs;
-    ap.seq_ids = p.seq_ids;
-    ap.q_offsets = p.q_offsets;
+    ap.q_offsets = ap.kv_offsets = p.offsets;
     ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    ap.value_dim = c.value_dim;
     ap.causal = p.causal;
-    ap.q_stride = m.qkv_width;
-    ap.out_stride = Hq;
-    attention_cached(rt, cache, ap, qkv, os);
-    if (c.norm == Norm::none)
-        return gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, out, c.embed_dim);
-    gemm::sgemm_prepacked(st, tokens, c.embed_dim, os, Hq, m.out, 0, m.out_proj.bias, proj, c.embed_dim);
-    m.add_norm(st, tokens, residual, proj, out);
+    ap.q_stride = ap.k_stride = ap.v_stride = m.qkv_width;
+    ap.out_stride = product({c.num_heads, c.value_dim}, "out");
+    // The offsets and sizes, before anything is written (the tensors are checked below).
+    const float none = 0.0f;
+    float sink = 0.0f;
+    attention_varlen_validate(ap, &none, &none, &none, &sink);
+    const int64_t tokens = p.num_seqs > 0 ? p.offsets[p.num_seqs] : 0;
+    if (tokens) {
+        detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
+        detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
+    }
+    m.self_rows(st, tokens, x, out, [&](const float *qkv, float *os) {
+        if (tokens) attention_varlen(rt, ap, qkv, qkv + m.k_off, qkv + m.v_off, os);
+    });
 }
 
 } // namespace mha

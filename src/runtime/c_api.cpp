@@ -273,6 +273,24 @@ mha_status mha_encoder_layer_forward(mha_runtime *rt, const mha_encoder_layer *l
     });
 }
 
+mha_status mha_layer_forward_varlen(mha_runtime *rt, const mha_layer *layer, int64_t num_seqs, const int64_t *offsets,
+                                    int causal, const float *x, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!layer) mha::invalid_argument("layer is NULL");
+        layer->layer.forward_varlen(r, mha::LayerVarlenForward{num_seqs, offsets, causal != 0}, x, out);
+    });
+}
+
+mha_status mha_encoder_layer_forward_varlen(mha_runtime *rt, const mha_encoder_layer *layer, int64_t num_seqs,
+                                            const int64_t *offsets, int causal, const float *x, float *out) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!layer) mha::invalid_argument("layer is NULL");
+        layer->layer.forward_varlen(r, mha::LayerVarlenForward{num_seqs, offsets, causal != 0}, x, out);
+    });
+}
+
 mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p, const float *q, const float *k,
                                 const float *v, float *out) {
     return guarded([&] {

@@ -70,9 +70,17 @@ attention_detail::Shape ragged_shape(const detail::RuntimeState &st, int64_t num
     return s;
 }
 
+// Checks a row stride: 0 (dense: width) or at least width. Returns the stride in floats.
+int64_t row_stride(const char *name, int64_t stride, int64_t width) {
+    if (stride < 0 || (stride != 0 && stride < width))
+        invalid_argument(std::string(name) + " = " + str(stride) + " must be 0 (dense) or >= " + str(width));
+    return stride ? stride : width;
+}
+
 } // namespace
 
-void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v, float *out) {
+void attention_varlen_validate(const VarlenParams &p, const float *q, const float *k, const float *v,
+                               const float *out) {
     if (p.num_seqs < 0) invalid_argument("num_seqs = " + str(p.num_seqs) + " is negative");
     positive("num_heads", p.num_heads);
     positive("num_kv_heads", p.num_kv_heads);
@@ -84,20 +92,26 @@ void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const 
     const int64_t total_kv = check_offsets("kv_offsets", p.kv_offsets, p.num_seqs);
     const int64_t wq = checked_mul(p.num_heads, p.head_dim, "q"), wk = checked_mul(p.num_kv_heads, p.head_dim, "k"),
                   wv = checked_mul(p.num_kv_heads, p.value_dim, "v"), wo = checked_mul(p.num_heads, p.value_dim, "out");
-    check_tensor("q", q, total_q, wq, wq);
-    check_tensor("k", k, total_kv, wk, wk);
-    check_tensor("v", v, total_kv, wv, wv);
-    check_tensor("out", out, total_q, wo, wo);
-    const float scale = resolved_scale(p.scale, p.head_dim);
+    check_tensor("q", q, total_q, wq, row_stride("q_stride", p.q_stride, wq));
+    check_tensor("k", k, total_kv, wk, row_stride("k_stride", p.k_stride, wk));
+    check_tensor("v", v, total_kv, wv, row_stride("v_stride", p.v_stride, wv));
+    check_tensor("out", out, total_q, wo, row_stride("out_stride", p.out_stride, wo));
+    resolved_scale(p.scale, p.head_dim);
+}
+
+void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v, float *out) {
+    attention_varlen_validate(p, q, k, v, out);
+    const int64_t total_q = p.num_seqs > 0 ? p.q_offsets[p.num_seqs] : 0;
     if (total_q == 0) return;
+    const float scale = resolved_scale(p.scale, p.head_dim);
     auto &st = rt.state();
     const auto &ak = attention_detail::find_attention_kernel(st.tiles.gemm_ukernel);
     auto s = ragged_shape(st, p.num_seqs, p.q_offsets, p.kv_offsets, p.num_heads, p.num_kv_heads, p.head_dim,
                           p.value_dim, scale, p.causal);
-    s.ldq = wq;
-    s.ldk = wk;
-    s.ldv = wv;
-    s.ldo = wo;
+    s.ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim;
+    s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
+    s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
+    s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
     attention_detail::run_attention(st, ak, s, q, k, v, out);
 }
 
