@@ -2,7 +2,9 @@
 // nn.MultiheadAttention (golden files), and itself (threads, batches, concurrency), plus bad input.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -498,4 +500,78 @@ TEST_CASE("layer: bad input gets a status and a message naming the field, and wr
     mha_layer_destroy(layer);
     mha_layer_destroy(nullptr);
     mha_runtime_destroy(rt);
+}
+
+TEST_CASE("layer: a ragged batch (forward_varlen) gives each row the bits of its sequence alone, every norm") {
+    for (Isa isa : supported_isas())
+        for (Norm norm : {Norm::none, Norm::post, Norm::pre})
+            for (bool causal : {false, true})
+                for (int threads : {1, 2}) {
+                    CAPTURE(isa_name(isa));
+                    CAPTURE(static_cast<int>(norm));
+                    CAPTURE(causal);
+                    CAPTURE(threads);
+                    Runtime rt(RuntimeOptions{threads, isa, {}, {}});
+                    LayerConfig c;
+                    c.embed_dim = 24;
+                    c.num_heads = 4;
+                    c.num_kv_heads = 2;
+                    c.norm = norm;
+                    const Weights w = random_weights(c, 40);
+                    const auto gamma = random_floats(24, 50, 0.5f, 1.5f), beta = random_floats(24, 51);
+                    LayerWeights v = w.view();
+                    v.norm_weight = gamma.data();
+                    v.norm_bias = beta.data();
+                    Layer layer(rt, c, v);
+                    // Sequences of 5, 0, 1 and 37 rows, one after the other.
+                    const std::vector<int64_t> offsets = {0, 5, 5, 6, 43};
+                    const auto x = random_floats(43 * 24, 52);
+                    std::vector<float> out(x.size(), test::kSentinel), alone;
+                    layer.forward_varlen(rt, LayerVarlenForward{4, offsets.data(), causal}, x.data(), out.data());
+                    for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+                        const int64_t r0 = offsets[s], n = offsets[s + 1] - r0;
+                        if (n == 0) continue;
+                        LayerForward p;
+                        p.batch = 1;
+                        p.q_len = n;
+                        p.causal = causal;
+                        alone.assign(static_cast<size_t>(n * 24), 0.0f);
+                        layer.forward(rt, p, x.data() + r0 * 24, nullptr, nullptr, alone.data());
+                        CHECK(std::memcmp(alone.data(), out.data() + r0 * 24, alone.size() * sizeof(float)) == 0);
+                    }
+                }
+}
+
+TEST_CASE("layer: forward_varlen refuses bad offsets and cross-attention layers, writing nothing") {
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
+    LayerConfig c;
+    c.embed_dim = 8;
+    c.num_heads = 2;
+    const Weights w = random_weights(c, 60);
+    Layer layer(rt, c, w.view());
+    const auto x = random_floats(16 * 8, 61);
+    std::vector<float> out(x.size(), test::kSentinel);
+    auto refused = [&](int64_t num_seqs, const int64_t *offsets, const char *field) {
+        int64_t rc = 0;
+        try {
+            layer.forward_varlen(rt, LayerVarlenForward{num_seqs, offsets, false}, x.data(), out.data());
+        } catch (const Error &e) {
+            rc = static_cast<int64_t>(e.status());
+            CHECK(std::string(e.what()).find(field) != std::string::npos);
+        }
+        CHECK(rc == static_cast<int64_t>(Status::invalid_argument));
+        CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == test::kSentinel; }));
+    };
+    const int64_t decreasing[] = {0, 9, 4}, not_zero[] = {1, 4}, negative_count[] = {0};
+    refused(2, decreasing, "offsets");
+    refused(1, not_zero, "offsets");
+    refused(1, nullptr, "offsets");
+    refused(-1, negative_count, "num_seqs");
+    LayerConfig cross = c;
+    cross.kdim = 6;
+    const Weights wc = random_weights(cross, 62);
+    Layer cross_layer(rt, cross, wc.view());
+    const int64_t ok[] = {0, 4};
+    CHECK_THROWS_WITH_AS(cross_layer.forward_varlen(rt, LayerVarlenForward{1, ok, false}, x.data(), out.data()),
+                         doctest::Contains("self-attention"), Error);
 }
