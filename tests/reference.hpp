@@ -109,3 +109,42 @@ void attention(const AttentionCase &c, const T *q, const T *k, const T *v, std::
 }
 
 } // namespace mha::ref
+
+namespace mha::ref {
+
+// y[t, o] = sum_i x[t, i] w[o, i] + b[o] in double (nn.Linear: w is [out, in]); b NULL = no bias.
+template <class T>
+std::vector<double> linear(const T *x, int64_t tokens, int64_t in, const float *w, const float *b, int64_t out) {
+    std::vector<double> y(static_cast<size_t>(tokens * out));
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+            double s = b ? b[o] : 0.0;
+            for (int64_t i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
+            y[static_cast<size_t>(t * out + o)] = s;
+        }
+    return y;
+}
+
+// LayerNorm of each row of n values in double, as nn.LayerNorm: (x - mean) / sqrt(var + eps) * w + b
+// with the biased variance; w and b NULL mean 1 and 0.
+inline std::vector<double> layer_norm(const std::vector<double> &x, int64_t rows, int64_t n, const float *w,
+                                      const float *b, double eps) {
+    std::vector<double> y(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+        const double *row = x.data() + r * n;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < n; ++i) mean += row[i];
+        mean /= static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) var += (row[i] - mean) * (row[i] - mean);
+        var /= static_cast<double>(n);
+        const double rstd = 1.0 / std::sqrt(var + eps);
+        for (int64_t i = 0; i < n; ++i)
+            y[static_cast<size_t>(r * n + i)] = (row[i] - mean) * rstd * (w ? w[i] : 1.0) + (b ? b[i] : 0.0);
+    }
+    return y;
+}
+
+inline double relu(double x) { return x > 0 ? x : 0.0; }
+inline double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }  // PyTorch's "gelu" (erf form)
+
+} // namespace mha::ref
