@@ -3,11 +3,16 @@
 #include "mha/runtime.hpp"
 #include "mha/softmax.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -188,6 +193,200 @@ std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &s
         ms.push_back(j["ms"][s.torch_str()].get<double>());
     }
     return ms;
+}
+
+std::string EncoderShape::str() const {
+    return "B" + std::to_string(batch) + " L" + std::to_string(len) + " E" + std::to_string(embed) + " H" +
+           std::to_string(heads) + " F" + std::to_string(ffn);
+}
+
+std::string EncoderShape::torch_str() const {
+    return "B" + std::to_string(batch) + ",L" + std::to_string(len) + ",E" + std::to_string(embed) + ",H" +
+           std::to_string(heads) + ",F" + std::to_string(ffn);
+}
+
+double EncoderShape::flops() const {
+    const double B = static_cast<double>(batch), L = static_cast<double>(len), E = static_cast<double>(embed),
+                 F = static_cast<double>(ffn);
+    return B * (8.0 * L * E * E + 4.0 * L * E * F + 4.0 * L * L * E);
+}
+
+const std::vector<EncoderShape> &encoder_shapes() {
+    static const std::vector<EncoderShape> shapes = {{8, 128, 512, 8, 2048, true}, {1, 2048, 512, 8, 2048, false}};
+    return shapes;
+}
+
+#ifdef MHA_HAVE_DNNL
+namespace {
+
+// y[t] = LayerNorm(a[t] (+ b[t])) over rows of E, two passes per row; b may be NULL.
+void add_layer_norm(int threads, int64_t T, int64_t E, const float *a, const float *b, const float *w,
+                    const float *bias, float eps, float *y) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *ar = a + t * E, *br = b ? b + t * E : nullptr;
+        float *yr = y + t * E;
+        float sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += yr[e] = ar[e] + (br ? br[e] : 0.0f);
+        const float mean = sum / static_cast<float>(E);
+        float sq = 0;
+        for (int64_t e = 0; e < E; ++e) sq += (yr[e] - mean) * (yr[e] - mean);
+        const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(E) + eps);
+        for (int64_t e = 0; e < E; ++e) yr[e] = (yr[e] - mean) * rstd * w[e] + bias[e];
+    }
+}
+
+// y = x W^T (+ bias, then the activation; + the residual r when r is not NULL), W [n, k].
+void linear(int threads, int64_t T, int64_t n, int64_t k, const float *x, const float *w, const float *bias,
+            int act, const float *r, float *y) {
+    dnnl_sgemm(threads, 'N', 'T', T, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        float *yr = y + t * n;
+        for (int64_t j = 0; j < n; ++j) {
+            float v = yr[j] + bias[j];
+            if (act == 1) v = std::max(v, 0.0f);
+            if (act == 2) v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+            yr[j] = r ? v + r[t * n + j] : v;
+        }
+    }
+}
+
+} // namespace
+
+void dnnl_encoder_layer(int threads, const EncoderShape &s, bool gelu, bool norm_first, float eps, const float *x,
+                        const EncoderTensors &w, float *out, DnnlEncoderScratch &sc) {
+    const int64_t T = s.batch * s.len, E = s.embed, F = s.ffn;
+    const int act = gelu ? 2 : 1;
+    sc.attn.resize(static_cast<size_t>(T * E));
+    sc.y.resize(static_cast<size_t>(T * E));
+    sc.h.resize(static_cast<size_t>(T * F));
+    const LayerShape ls = s.attention();
+    if (!norm_first) {  // y = LN1(x + SA(x)), out = LN2(y + FFN(y))
+        dnnl_layer(threads, ls, x, w.w_in, w.b_in, w.w_out, w.b_out, sc.attn.data(), sc.layer, sc.scores);
+        add_layer_norm(threads, T, E, x, sc.attn.data(), w.norm1_w, w.norm1_b, eps, sc.y.data());
+        linear(threads, T, F, E, sc.y.data(), w.w1, w.b1, act, nullptr, sc.h.data());
+        linear(threads, T, E, F, sc.h.data(), w.w2, w.b2, 0, sc.y.data(), sc.attn.data());
+        add_layer_norm(threads, T, E, sc.attn.data(), nullptr, w.norm2_w, w.norm2_b, eps, out);
+    } else {  // y = x + SA(LN1(x)), out = y + FFN(LN2(y))
+        sc.normed.resize(static_cast<size_t>(T * E));
+        add_layer_norm(threads, T, E, x, nullptr, w.norm1_w, w.norm1_b, eps, sc.normed.data());
+        dnnl_layer(threads, ls, sc.normed.data(), w.w_in, w.b_in, w.w_out, w.b_out, sc.attn.data(), sc.layer, sc.scores);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < T * E; ++i) sc.y[static_cast<size_t>(i)] = x[i] + sc.attn[static_cast<size_t>(i)];
+        add_layer_norm(threads, T, E, sc.y.data(), nullptr, w.norm2_w, w.norm2_b, eps, sc.normed.data());
+        linear(threads, T, F, E, sc.normed.data(), w.w1, w.b1, act, nullptr, sc.h.data());
+        linear(threads, T, E, F, sc.h.data(), w.w2, w.b2, 0, sc.y.data(), out);
+    }
+}
+#else
+void dnnl_encoder_layer(int, const EncoderShape &, bool, bool, float, const float *, const EncoderTensors &, float *,
+                        DnnlEncoderScratch &) {
+    std::abort();
+}
+#endif
+
+TorchEncoder::TorchEncoder(int threads, const std::vector<EncoderShape> &shapes) {
+    std::string script = MHA_BENCH_DIR "/torch_encoder.py";  // the source tree, else the installed copy
+    if (access(script.c_str(), R_OK) != 0) script = MHA_DATA_DIR "/torch_encoder.py";
+    if (const char *env = std::getenv("MHA_TORCH_ENCODER_SCRIPT")) script = env;
+    if (access("/usr/bin/python3", X_OK) != 0 || access(script.c_str(), R_OK) != 0) {
+        why_ = "no /usr/bin/python3 or no " + script;
+        return;
+    }
+    std::vector<std::string> args = {"/usr/bin/python3", script, "--threads", std::to_string(threads), "--serve"};
+    for (const auto &s : shapes) args.push_back(s.torch_str());
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    // The child's environment: ours, with its thread counts pinned before torch loads.
+    const std::string n = std::to_string(threads);
+    std::vector<std::string> env_strings;
+    for (char **e = environ; *e; ++e) {
+        const std::string kv = *e;
+        const std::string name = kv.substr(0, kv.find('='));
+        if (name != "OMP_NUM_THREADS" && name != "OPENBLAS_NUM_THREADS" && name != "MKL_NUM_THREADS") env_strings.push_back(kv);
+    }
+    for (const char *name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
+        env_strings.push_back(std::string(name) + "=" + n);
+    if (!std::getenv("OMP_WAIT_POLICY")) env_strings.push_back("OMP_WAIT_POLICY=PASSIVE");
+    std::vector<char *> envp;
+    for (auto &e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    int in[2], out[2];  // in: our writes -> its stdin; out: its stdout -> our reads
+    if (pipe2(in, O_CLOEXEC) != 0) {
+        why_ = "pipe failed";
+        return;
+    }
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        close(in[0]), close(in[1]);
+        why_ = "pipe failed";
+        return;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    if (rc != 0) {
+        close(in[1]), close(out[0]);
+        why_ = "cannot run /usr/bin/python3";
+        return;
+    }
+    pid_ = pid;
+    std::signal(SIGPIPE, SIG_IGN);  // a child that died answers with EOF, not a signal
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    // The first line: {"ready": true, "torch": ..., "fast_path": {...}} once every layer is built.
+    std::string line;
+    char buf[4096];
+    while (from_ && std::fgets(buf, sizeof buf, from_)) {
+        line += buf;
+        if (!line.empty() && line.back() == '\n') break;
+    }
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.value("ready", false)) {
+        why_ = "PyTorch not available (python3-torch missing?)";
+        return;
+    }
+    version_ = j.value("torch", "");
+    if (j.contains("fast_path"))
+        for (const auto &[k, v] : j["fast_path"].items()) fast_[k] = v.get<bool>();
+    ok_ = true;
+}
+
+TorchEncoder::~TorchEncoder() {
+    if (to_) {
+        std::fputs("quit\n", to_);
+        std::fclose(to_);
+    }
+    if (from_) std::fclose(from_);
+    if (pid_ > 0) {
+        int status = 0;
+        waitpid(pid_, &status, 0);
+    }
+}
+
+bool TorchEncoder::fast_path(const EncoderShape &s) const {
+    const auto it = fast_.find(s.torch_str());
+    return it != fast_.end() && it->second;
+}
+
+double TorchEncoder::run_ms(const EncoderShape &s) {
+    if (!ok_) throw std::runtime_error("PyTorch anchor: " + why_);
+    char buf[256];
+    if (std::fprintf(to_, "%s\n", s.torch_str().c_str()) < 0 || std::fflush(to_) != 0 || !std::fgets(buf, sizeof buf, from_)) {
+        ok_ = false;
+        why_ = "bench/torch_encoder.py stopped answering";
+        throw std::runtime_error("PyTorch anchor: " + why_);
+    }
+    return std::strtod(buf, nullptr);
 }
 
 std::string DecodeShape::str() const {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -125,6 +127,64 @@ void dnnl_layer(int threads, const LayerShape &s, const float *x, const float *w
 // Empty, with *why set, if PyTorch or the script is not available.
 std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &shapes, double budget_s,
                                    std::string *why);
+
+// The encoder suite of mha-bench: nn.TransformerEncoderLayer(E, H, dim_feedforward = F,
+// batch_first=True) in eval mode, post-norm and relu, on `batch` sequences of `len` tokens.
+struct EncoderShape {
+    int64_t batch, len, embed, heads, ffn;
+    bool quick;
+    std::string str() const;        // "B8 L128 E512 H8 F2048"
+    std::string torch_str() const;  // "B8,L128,E512,H8,F2048", as bench/torch_encoder.py takes it
+    LayerShape attention() const { return {batch, len, embed, heads, quick}; }
+    // The GEMMs and the attention per sequence: 8 L E^2 (Q, K, V and the output projection),
+    // 4 L E F (linear1 and linear2), 4 L^2 E (Q K^T and P V). Bias, activation, softmax and
+    // LayerNorm are not counted.
+    double flops() const;
+};
+// B8 L128 (in --quick) and B1 L2048, E 512, H 8, F 2048.
+const std::vector<EncoderShape> &encoder_shapes();
+
+// One encoder layer's weights in PyTorch's layout (see mha::EncoderWeights): in_proj [3E, E] and
+// [3E], out_proj [E, E] and [E], linear1 [F, E] and [F], linear2 [E, F] and [E], norm1 and norm2
+// weight and bias [E]. Every pointer non-NULL.
+struct EncoderTensors {
+    const float *w_in, *b_in, *w_out, *b_out, *w1, *b1, *w2, *b2, *norm1_w, *norm1_b, *norm2_w, *norm2_b;
+};
+// Buffers of dnnl_encoder_layer, grown as needed.
+struct DnnlEncoderScratch {
+    std::vector<float> attn, y, h, normed, layer, scores;
+};
+// The encoder layer composed from oneDNN pieces, as a user without a fused layer would: the
+// attention by dnnl_layer (dnnl_sgemm projections, blocked dnnl_attention), linear1 and linear2 by
+// dnnl_sgemm, and plain loops (OpenMP over rows, `threads` of them) for the biases, the activation,
+// the residual adds and LayerNorm (two passes over each row). x and out [B, L, E] (x != out).
+void dnnl_encoder_layer(int threads, const EncoderShape &s, bool gelu, bool norm_first, float eps, const float *x,
+                        const EncoderTensors &w, float *out, DnnlEncoderScratch &scratch);
+
+// PyTorch's nn.TransformerEncoderLayer run by bench/torch_encoder.py --serve (/usr/bin/python3;
+// MHA_TORCH_ENCODER_SCRIPT overrides the script's path) in a child process on `threads` threads
+// (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set in its environment before torch
+// loads), holding one layer per shape, so that its runs can be interleaved with ours: run_ms runs
+// one forward pass and returns PyTorch's own time of it.
+class TorchEncoder {
+public:
+    TorchEncoder(int threads, const std::vector<EncoderShape> &shapes);
+    ~TorchEncoder();
+    TorchEncoder(const TorchEncoder &) = delete;
+    TorchEncoder &operator=(const TorchEncoder &) = delete;
+    bool ok() const { return ok_; }
+    const std::string &why() const { return why_; }  // when not ok(): why not
+    const std::string &version() const { return version_; }
+    bool fast_path(const EncoderShape &s) const;  // did the profiler see torch._transformer_encoder_layer_fwd
+    double run_ms(const EncoderShape &s);         // throws std::runtime_error if the child has gone
+
+private:
+    bool ok_ = false;
+    std::string why_, version_;
+    std::map<std::string, bool> fast_;  // torch_str() -> fast path
+    int pid_ = -1;
+    FILE *to_ = nullptr, *from_ = nullptr;
+};
 
 // Unfused attention built on dnnl_sgemm, one (batch, head) at a time, as PyTorch composes it:
 // S = Q K^T * scale, a row softmax (mha's, so the anchor is not held back by its softmax), O = P V.

@@ -17,6 +17,7 @@ for tool in mha-bench mha-tune mha-run; do
     [ -x "$(find "$stage" -path "*/bin/$tool" | head -1)" ] || { echo "$tool not installed"; exit 1; }
 done
 [ -f "$(find "$stage" -path "*/share/mha/torch_layer.py" | head -1)" ] || { echo "share/mha/torch_layer.py not installed"; exit 1; }
+[ -f "$(find "$stage" -path "*/share/mha/torch_encoder.py" | head -1)" ] || { echo "share/mha/torch_encoder.py not installed"; exit 1; }
 cc "$example" -o "$stage/prog" $(pkg-config --cflags --libs mha) -lm
 libdir=$(dirname "$(find "$stage" -name 'libmha.so' | head -1)")
 LD_LIBRARY_PATH=$libdir "$stage/prog"

@@ -151,3 +151,79 @@ TEST_CASE("mha-tune: every flag") {
     CHECK_THROWS_AS(parse_tune_args({"--max-candidates", "0"}), UsageError);
     CHECK_THROWS_AS(parse_tune_args({"--slow"}), UsageError);
 }
+
+TEST_CASE("mha-run: --encoder-layers, --ffn-dim, --activation, --norm-first, --norm-eps") {
+    const RunOptions d = parse_run_args(kMinimal);
+    CHECK(d.encoder_layers == 0);
+    CHECK(d.ffn_dim == 0);
+    CHECK(d.activation == "relu");
+    CHECK_FALSE(d.norm_first);
+    CHECK(d.norm_eps == 1e-5f);
+    const RunOptions o = parse_run_args(with({"--encoder-layers", "6", "--ffn-dim", "2048", "--activation", "gelu",
+                                              "--norm-first", "--norm-eps", "1e-6", "--key-padding-mask", "kpm.npy",
+                                              "--attn-mask", "am.npy", "--causal", "--out", "o.npy", "--threads", "2",
+                                              "--repeat", "3", "--json"}));
+    CHECK(o.encoder_layers == 6);
+    CHECK(o.ffn_dim == 2048);
+    CHECK(o.activation == "gelu");
+    CHECK(o.norm_first);
+    CHECK(o.norm_eps == 1e-6f);
+    CHECK(o.key_padding_mask == "kpm.npy");
+    CHECK(o.attn_mask == "am.npy");
+    CHECK(o.causal);
+    CHECK(o.repeat == 3);
+    CHECK(o.json);
+    const RunOptions one = parse_run_args({"--weights", "m.safetensors", "--prefix", "encoder.", "--num-heads", "8",
+                                           "--query", "x.npy", "--encoder-layers", "1", "--activation", "relu",
+                                           "--norm-eps", "0.01"});
+    CHECK(one.encoder_layers == 1);
+    CHECK(one.prefix == "encoder.");
+    CHECK(one.activation == "relu");
+    CHECK(one.norm_eps == 0.01f);
+    CHECK_FALSE(one.norm_first);
+    CHECK(parse_run_args(with({"--encoder-layers", "4096"})).encoder_layers == 4096);
+    CHECK(parse_run_args(with({"--encoder-layers", "1", "--norm-eps", "1"})).norm_eps == 1.0f);
+}
+
+TEST_CASE("mha-run: wrong encoder command lines are refused, naming the flag") {
+    auto err = [](const std::vector<std::string> &a) { return usage_error(a, parse_run_args); };
+    auto enc = [](std::vector<std::string> extra) {
+        std::vector<std::string> a = with({"--encoder-layers", "2"});
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+    };
+    CHECK(err(with({"--encoder-layers", "0"})).find("--encoder-layers: '0' is not an integer in [1, 4096]") != std::string::npos);
+    CHECK(err(with({"--encoder-layers", "-2"})).find("--encoder-layers: '-2'") != std::string::npos);
+    CHECK(err(with({"--encoder-layers", "two"})).find("--encoder-layers: 'two'") != std::string::npos);
+    CHECK(err(with({"--encoder-layers", "4097"})).find("--encoder-layers") != std::string::npos);
+    CHECK(err(with({"--encoder-layers"})).find("--encoder-layers needs a value") != std::string::npos);
+    CHECK(err(enc({"--encoder-layers", "3"})).find("--encoder-layers is given twice") != std::string::npos);
+    CHECK(err(enc({"--ffn-dim", "0"})).find("--ffn-dim: '0'") != std::string::npos);
+    CHECK(err(enc({"--ffn-dim", "-5"})).find("--ffn-dim: '-5'") != std::string::npos);
+    CHECK(err(enc({"--ffn-dim", "2k"})).find("--ffn-dim: '2k'") != std::string::npos);
+    CHECK(err(enc({"--activation", "tanh"})).find("--activation: 'tanh' is not relu or gelu") != std::string::npos);
+    CHECK(err(enc({"--activation", "GELU"})).find("--activation: 'GELU'") != std::string::npos);
+    CHECK(err(enc({"--activation"})).find("--activation needs a value") != std::string::npos);
+    for (const char *bad : {"0", "-1e-5", "abc", "nan", "inf", "2", "1e-50", "", "1e-5x"}) {
+        CAPTURE(bad);
+        CHECK(err(enc({"--norm-eps", bad})).find(std::string("--norm-eps: '") + bad + "' is not a number in (0, 1]") !=
+              std::string::npos);
+    }
+    CHECK(err(enc({"--norm-first", "--norm-first"})).find("--norm-first is given twice") != std::string::npos);
+    // The encoder's flags mean nothing without --encoder-layers.
+    CHECK(err(with({"--ffn-dim", "64"})).find("--ffn-dim needs --encoder-layers N") != std::string::npos);
+    CHECK(err(with({"--activation", "relu"})).find("--activation needs --encoder-layers N") != std::string::npos);
+    CHECK(err(with({"--norm-first"})).find("--norm-first needs --encoder-layers N") != std::string::npos);
+    CHECK(err(with({"--norm-eps", "1e-6"})).find("--norm-eps needs --encoder-layers N") != std::string::npos);
+    // An encoder layer is self-attention without weights out, run on whole sequences.
+    CHECK(err(enc({"--key", "k.npy", "--value", "v.npy"})).find("--encoder-layers does not take --key and --value") !=
+          std::string::npos);
+    CHECK(err(enc({"--attn-weights", "w.npy"})).find("--encoder-layers does not take --attn-weights") != std::string::npos);
+    CHECK(err(enc({"--attn-weights", "w.npy", "--average-attn-weights"})).find("--encoder-layers does not take --attn-weights") !=
+          std::string::npos);
+    CHECK(err(enc({"--generate", "4"})).find("--encoder-layers does not take --generate") != std::string::npos);
+    CHECK(err(enc({"--prefix", "layers."})).find("--prefix applies to a .safetensors") != std::string::npos);
+    CHECK(err(enc({"--out", "q.npy"})).find("also an input") != std::string::npos);
+    CHECK(err({"--weights", "w", "--query", "q", "--encoder-layers", "1"}).find("--num-heads is required") !=
+          std::string::npos);
+}

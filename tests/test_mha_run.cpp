@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -262,4 +265,330 @@ TEST_CASE("mha-run --generate refuses a cross-attention layer, naming the weight
                            " --check-invariance");
     CHECK(usage.code == 2);
     CHECK(usage.output.find("--check-invariance needs --generate") != std::string::npos);
+}
+
+// ---- --encoder-layers: nn.TransformerEncoderLayer / nn.TransformerEncoder state_dicts --------------
+
+namespace {
+
+const fs::path kEncoderData = fs::path(MHA_TEST_DATA) / "encoder";
+
+// case.txt of tests/data/gen_encoder_golden.py: "key value" per line.
+std::map<std::string, std::string> read_case(const fs::path &file) {
+    std::map<std::string, std::string> m;
+    std::ifstream f(file);
+    for (std::string k, v; f >> k >> v;) m[k] = v;
+    return m;
+}
+
+std::vector<float> lcg_values(size_t n, uint32_t seed, float scale, float offset = 0.0f) {
+    std::vector<float> v(n);
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (auto &e : v) {
+        x = x * 1664525u + 1013904223u;
+        e = (static_cast<float>(x >> 8) * 0x1p-24f * 2.0f - 1.0f) * scale + offset;
+    }
+    return v;
+}
+
+// A synthetic nn.TransformerEncoder state_dict (E 32, H 4, F 48): every layer's tensors by key
+// (without the "layers.N." prefix), and the final norm when asked.
+struct SyntheticEncoder {
+    static constexpr int64_t E = 32, F = 48, H = 4;
+    std::vector<std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> layers;
+    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> top;  // norm.weight, norm.bias
+
+    explicit SyntheticEncoder(int n, bool final_norm = false) {
+        for (int i = 0; i < n; ++i) {
+            const uint32_t s = 100u * static_cast<uint32_t>(i + 1);
+            const float se = 1.0f / std::sqrt(static_cast<float>(E)), sf = 1.0f / std::sqrt(static_cast<float>(F));
+            auto t = [&](std::vector<int64_t> shape, uint32_t seed, float scale, float offset = 0.0f) {
+                size_t count = 1;
+                for (int64_t d : shape) count *= static_cast<size_t>(d);
+                return std::make_pair(shape, lcg_values(count, s + seed, scale, offset));
+            };
+            layers.push_back({{"self_attn.in_proj_weight", t({3 * E, E}, 1, se)},
+                              {"self_attn.in_proj_bias", t({3 * E}, 2, 0.3f)},
+                              {"self_attn.out_proj.weight", t({E, E}, 3, se)},
+                              {"self_attn.out_proj.bias", t({E}, 4, 0.3f)},
+                              {"linear1.weight", t({F, E}, 5, se)},
+                              {"linear1.bias", t({F}, 6, 0.3f)},
+                              {"linear2.weight", t({E, F}, 7, sf)},
+                              {"linear2.bias", t({E}, 8, 0.3f)},
+                              {"norm1.weight", t({E}, 9, 0.5f, 1.0f)},
+                              {"norm1.bias", t({E}, 10, 0.5f)},
+                              {"norm2.weight", t({E}, 11, 0.5f, 1.0f)},
+                              {"norm2.bias", t({E}, 12, 0.5f)}});
+        }
+        if (final_norm) {
+            top["norm.weight"] = {{E}, lcg_values(E, 7001, 0.5f, 1.0f)};
+            top["norm.bias"] = {{E}, lcg_values(E, 7002, 0.5f)};
+        }
+    }
+    // Every tensor as <prefix><key>.npy in dir: the stack's keys ("layers.N.") or, with `bare`, layer
+    // `only`'s keys alone (an nn.TransformerEncoderLayer's state_dict).
+    void write_npy_dir(const fs::path &dir, bool bare = false, int only = 0) const {
+        fs::create_directories(dir);
+        for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
+            if (bare && i != only) continue;
+            const std::string p = bare ? "" : "layers." + std::to_string(i) + ".";
+            for (const auto &[k, t] : layers[static_cast<size_t>(i)])
+                write_npy((dir / (p + k + ".npy")).string(), t.first, t.second.data());
+        }
+        if (!bare)
+            for (const auto &[k, t] : top) write_npy((dir / (k + ".npy")).string(), t.first, t.second.data());
+    }
+    // The stack's tensors in one .safetensors file, every key under `prefix`.
+    void write_safetensors(const fs::path &file, const std::string &prefix) const {
+        nlohmann::json header = nlohmann::json::object();
+        std::string data;
+        auto add = [&](const std::string &key, const std::pair<std::vector<int64_t>, std::vector<float>> &t) {
+            const size_t begin = data.size();
+            data.append(reinterpret_cast<const char *>(t.second.data()), t.second.size() * sizeof(float));
+            header[prefix + key] = {{"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {begin, data.size()}}};
+        };
+        for (size_t i = 0; i < layers.size(); ++i)
+            for (const auto &[k, t] : layers[i]) add("layers." + std::to_string(i) + "." + k, t);
+        for (const auto &[k, t] : top) add(k, t);
+        std::string h = header.dump();
+        h.append((8 - h.size() % 8) % 8, ' ');
+        std::ofstream f(file, std::ios::binary);
+        for (int b = 0; b < 8; ++b) f.put(static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * b)) & 0xff));
+        f << h << data;
+    }
+};
+
+std::vector<float> floats_of(const std::string &path) {
+    const Array a = read_npy(path);
+    return to_floats(path, a, a.shape);
+}
+
+} // namespace
+
+TEST_CASE("mha-run --encoder-layers matches PyTorch's nn.TransformerEncoderLayer and nn.TransformerEncoder") {
+    if (!fs::exists(kEncoderData)) {
+        MESSAGE("no golden files in " << kEncoderData.string() << " (tests/data/gen_encoder_golden.py writes them)");
+        return;
+    }
+    TempDir tmp;
+    int cases = 0;
+    for (const auto &entry : fs::directory_iterator(kEncoderData)) {
+        const fs::path d = entry.path();
+        const auto c = read_case(d / "case.txt");
+        if (!c.count("num_layers")) continue;  // not an nn.TransformerEncoder[Layer] case (seed 002's layer)
+        ++cases;
+        std::string flags = "--encoder-layers " + c.at("num_layers") + " --num-heads " + c.at("num_heads") +
+                            " --ffn-dim " + c.at("ffn_dim") + " --activation " + c.at("activation") + " --norm-eps " +
+                            c.at("eps") + (c.at("norm_first") == "1" ? " --norm-first" : "") + " --query " +
+                            q(d / "query.npy");
+        if (fs::exists(d / "key_padding_mask.npy")) flags += " --key-padding-mask " + q(d / "key_padding_mask.npy");
+        std::vector<std::string> masks = {""};
+        if (fs::exists(d / "attn_mask.npy")) masks = {" --attn-mask " + q(d / "attn_mask.npy"), " --causal"};
+        for (const std::string &mask : masks)
+            for (bool safetensors : {false, true})
+                for (const char *threads : {"1", "2"}) {
+                    CAPTURE(d.filename().string());
+                    CAPTURE(mask);
+                    CAPTURE(safetensors);
+                    CAPTURE(threads);
+                    const std::string weights = safetensors ? q(d / "weights.safetensors") : q(d / "weights");
+                    const auto r = run("--weights " + weights + " " + flags + mask + " --out " + tmp / "o.npy" +
+                                       " --threads " + threads);
+                    INFO(r.output);
+                    REQUIRE(r.code == 0);
+                    CHECK(r.output.find("mha-run: encoder of " + c.at("num_layers") + " layer") != std::string::npos);
+                    expect_close(tmp / "o.npy", d / "out.npy");
+                    fs::remove(tmp / "o.npy");
+                }
+        // Without --ffn-dim, the width comes from linear1.weight.
+        const std::string no_ffn = std::regex_replace(flags, std::regex(" --ffn-dim [0-9]+"), "");
+        const auto r = run("--weights " + q(d / "weights") + " " + no_ffn + masks[0] + " --out " + tmp / "o.npy");
+        INFO(r.output);
+        REQUIRE(r.code == 0);
+        expect_close(tmp / "o.npy", d / "out.npy");
+        fs::remove(tmp / "o.npy");
+    }
+    CHECK(cases >= 7);  // 6 nn.TransformerEncoderLayer cases and the 2-layer nn.TransformerEncoder
+}
+
+TEST_CASE("mha-run --encoder-layers 2 applies layer 0, then layer 1: the same bits as two one-layer runs") {
+    TempDir tmp;
+    const SyntheticEncoder enc(2);
+    const fs::path stack = tmp.path / "stack", l0 = tmp.path / "layer0", l1 = tmp.path / "layer1";
+    enc.write_npy_dir(stack);
+    enc.write_npy_dir(l0, true, 0);
+    enc.write_npy_dir(l1, true, 1);
+    enc.write_safetensors(tmp.path / "model.safetensors", "encoder.");
+    const int64_t B = 2, L = 7, E = SyntheticEncoder::E;
+    write_npy(tmp / "x.npy", {B, L, E}, lcg_values(static_cast<size_t>(B * L * E), 9, 1.0f).data());
+    std::vector<uint8_t> kpm(static_cast<size_t>(B * L), 0);
+    kpm[static_cast<size_t>(L + L - 1)] = kpm[static_cast<size_t>(L + L - 2)] = 1;
+    {  // a bool [B, L] .npy, by hand (write_npy writes float32)
+        std::string header = "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 7), }";
+        header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+        header += '\n';
+        std::ofstream f(tmp / "kpm.npy", std::ios::binary);
+        f.write("\x93NUMPY\x01\x00", 8);
+        f.put(static_cast<char>(header.size() & 0xff));
+        f.put(static_cast<char>(header.size() >> 8));
+        f << header;
+        f.write(reinterpret_cast<const char *>(kpm.data()), static_cast<std::streamsize>(kpm.size()));
+    }
+    for (const char *flags : {"", " --activation gelu --norm-first", " --key-padding-mask KPM --causal --norm-eps 1e-3"}) {
+        CAPTURE(flags);
+        std::string f = std::regex_replace(std::string(flags), std::regex("KPM"), tmp / "kpm.npy");
+        const std::string common = " --num-heads 4" + f;
+        const auto a = run("--weights " + q(stack) + " --encoder-layers 2 --query " + tmp / "x.npy" + common + " --out " +
+                           tmp / "stack.npy");
+        INFO(a.output);
+        REQUIRE(a.code == 0);
+        const auto b = run("--weights " + q(l0) + " --encoder-layers 1 --query " + tmp / "x.npy" + common + " --out " +
+                           tmp / "y0.npy");
+        REQUIRE(b.code == 0);
+        const auto c = run("--weights " + q(l1) + " --encoder-layers 1 --query " + tmp / "y0.npy" + common + " --out " +
+                           tmp / "y1.npy" + " --threads 2");
+        REQUIRE(c.code == 0);
+        const auto s = run("--weights " + tmp / "model.safetensors" + " --prefix encoder. --encoder-layers 2 --query " +
+                           tmp / "x.npy" + common + " --out " + tmp / "st.npy" + " --threads 2 --repeat 2");
+        INFO(s.output);
+        REQUIRE(s.code == 0);
+        const auto got = read_file(tmp / "stack.npy");
+        CHECK(got == read_file(tmp / "y1.npy"));  // layer by layer, on 1 and 2 threads: the same bits
+        CHECK(got == read_file(tmp / "st.npy"));  // a safetensors file under a prefix, 2 threads
+        CHECK(got != read_file(tmp / "y0.npy"));
+        for (float x : floats_of(tmp / "stack.npy")) CHECK(std::isfinite(x));
+    }
+}
+
+TEST_CASE("mha-run --encoder-layers applies an nn.TransformerEncoder's final norm; --json says what ran") {
+    TempDir tmp;
+    const SyntheticEncoder plain(2), normed(2, true);
+    plain.write_npy_dir(tmp.path / "plain");
+    normed.write_npy_dir(tmp.path / "normed");
+    const int64_t B = 1, L = 5, E = SyntheticEncoder::E;
+    write_npy(tmp / "x.npy", {B, L, E}, lcg_values(static_cast<size_t>(B * L * E), 3, 1.0f).data());
+    const std::string args = " --encoder-layers 2 --num-heads 4 --query " + tmp / "x.npy" + " --norm-eps 1e-4";
+    REQUIRE(run("--weights " + q(tmp.path / "plain") + args + " --out " + tmp / "a.npy").code == 0);
+    const auto r = run("--weights " + q(tmp.path / "normed") + args + " --out " + tmp / "b.npy --json --repeat 3");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const auto j = last_json_line(r.output);
+    CHECK(j["mode"] == "encoder");
+    CHECK(j["encoder_layers"] == 2);
+    CHECK(j["ffn_dim"] == SyntheticEncoder::F);
+    CHECK(j["embed_dim"] == E);
+    CHECK(j["activation"] == "relu");
+    CHECK(j["norm_first"] == false);
+    CHECK(j["final_norm"] == true);
+    CHECK(j["runs_ms"].size() == 3);
+    CHECK(j["gflops"].get<double>() > 0);
+    // b = LayerNorm(a) with the final norm's weight and bias, eps 1e-4.
+    const auto a = floats_of(tmp / "a.npy"), b = floats_of(tmp / "b.npy");
+    const auto &w = normed.top.at("norm.weight").second, &bias = normed.top.at("norm.bias").second;
+    double worst = 0;
+    for (int64_t t = 0; t < B * L; ++t) {
+        double mean = 0, var = 0;
+        for (int64_t e = 0; e < E; ++e) mean += a[static_cast<size_t>(t * E + e)];
+        mean /= E;
+        for (int64_t e = 0; e < E; ++e) var += std::pow(a[static_cast<size_t>(t * E + e)] - mean, 2);
+        var /= E;
+        for (int64_t e = 0; e < E; ++e) {
+            const double want = (a[static_cast<size_t>(t * E + e)] - mean) / std::sqrt(var + 1e-4) * w[static_cast<size_t>(e)] +
+                                bias[static_cast<size_t>(e)];
+            worst = std::max(worst, std::abs(want - b[static_cast<size_t>(t * E + e)]));
+        }
+    }
+    CHECK(worst < 1e-5);
+}
+
+TEST_CASE("mha-run --encoder-layers refuses a state_dict whose keys or shapes do not fit, naming the key") {
+    TempDir tmp;
+    const SyntheticEncoder enc(2);
+    const int64_t E = SyntheticEncoder::E;
+    write_npy(tmp / "x.npy", {2, 3, E}, lcg_values(static_cast<size_t>(2 * 3 * E), 4, 1.0f).data());
+    write_npy(tmp / "x_wide.npy", {2, 3, E + 1}, lcg_values(static_cast<size_t>(2 * 3 * (E + 1)), 4, 1.0f).data());
+    // A directory per broken state_dict: the good stack, then one change.
+    auto broken = [&](const std::string &name, const std::function<void(const fs::path &)> &change) {
+        const fs::path d = tmp.path / name;
+        enc.write_npy_dir(d);
+        change(d);
+        return q(d);
+    };
+    const std::string good = broken("good", [](const fs::path &) {});
+    const std::string bare = q(tmp.path / "bare");
+    enc.write_npy_dir(tmp.path / "bare", true, 0);
+    const std::string missing = broken("missing", [](const fs::path &d) { fs::remove(d / "layers.1.norm2.weight.npy"); });
+    const std::string shape = broken("shape", [](const fs::path &d) {
+        write_npy((d / "layers.0.linear1.bias.npy").string(), {47}, lcg_values(47, 1, 1.0f).data());
+    });
+    const std::string in_proj = broken("in_proj", [](const fs::path &d) {
+        write_npy((d / "layers.0.self_attn.in_proj_weight.npy").string(), {3 * E, E + 1},
+                  lcg_values(static_cast<size_t>(3 * E * (E + 1)), 1, 1.0f).data());
+    });
+    const std::string other_e = broken("other_e", [](const fs::path &d) {
+        write_npy((d / "layers.1.self_attn.in_proj_weight.npy").string(), {3 * 16, 16}, lcg_values(3 * 16 * 16, 1, 1.0f).data());
+    });
+    const std::string extra = broken("extra", [](const fs::path &d) {
+        write_npy((d / "layers.0.self_attn.extra.npy").string(), {E}, lcg_values(static_cast<size_t>(E), 1, 1.0f).data());
+    });
+    const std::string bias_k = broken("bias_k", [](const fs::path &d) {
+        write_npy((d / "layers.1.self_attn.bias_k.npy").string(), {1, 1, E}, lcg_values(static_cast<size_t>(E), 1, 1.0f).data());
+    });
+    const std::string dtype = broken("dtype", [&](const fs::path &d) {
+        fs::copy_file(kData / "key_padding/key_padding_mask.npy", d / "layers.1.norm1.bias.npy",
+                      fs::copy_options::overwrite_existing);
+    });
+    const std::string bias_only = broken("bias_only", [](const fs::path &d) {
+        write_npy((d / "norm.bias.npy").string(), {SyntheticEncoder::E}, lcg_values(SyntheticEncoder::E, 1, 1.0f).data());
+    });
+    struct Bad {
+        const char *what;
+        std::string args, names, says;
+    };
+    const std::string x = " --num-heads 4 --query " + tmp / "x.npy";
+    const Bad bad[] = {
+        {"missing key", "--weights " + missing + " --encoder-layers 2" + x, "layers.1.norm2.weight", "missing (expected [32]"},
+        {"wrong shape", "--weights " + shape + " --encoder-layers 2" + x, "layers.0.linear1.bias.npy",
+         "expected shape [48], found [47]"},
+        {"in_proj not [3E, E]", "--weights " + in_proj + " --encoder-layers 2" + x, "layers.0.self_attn.in_proj_weight",
+         "expected shape [3E, E], found [96, 33]"},
+        {"layers of different widths", "--weights " + other_e + " --encoder-layers 2" + x,
+         "layers.1.self_attn.in_proj_weight", "expected shape [96, 32], found [48, 16]"},
+        {"--ffn-dim does not fit", "--weights " + good + " --encoder-layers 2 --ffn-dim 64" + x, "layers.0.linear1.weight",
+         "expected shape [64, 32], found [48, 32]"},
+        {"more layers than asked", "--weights " + good + " --encoder-layers 1" + x, "layers.1.",
+         "holds 2 layers (layers.0. to layers.1.), --encoder-layers asks for 1"},
+        {"fewer layers than asked", "--weights " + good + " --encoder-layers 3" + x, "layers.2.self_attn.in_proj_weight",
+         "missing: the state_dict holds 2 layers"},
+        {"one layer's keys for a stack", "--weights " + bare + " --encoder-layers 2" + x, "layers.0.self_attn.in_proj_weight",
+         "one nn.TransformerEncoderLayer's keys"},
+        {"an nn.MultiheadAttention state_dict", "--weights " + q(kData / "self/weights") + " --encoder-layers 1" + x,
+         "layers.0.self_attn.in_proj_weight", "holds no encoder layer"},
+        {"unexpected key", "--weights " + extra + " --encoder-layers 2" + x, "layers.0.self_attn.extra", "unexpected key"},
+        {"add_bias_kv", "--weights " + bias_k + " --encoder-layers 2" + x, "layers.1.self_attn.bias_k",
+         "add_bias_kv is not supported"},
+        {"wrong dtype", "--weights " + dtype + " --encoder-layers 2" + x, "layers.1.norm1.bias.npy", "expected dtype float32"},
+        {"final norm.bias without its weight", "--weights " + bias_only + " --encoder-layers 2" + x, "norm.weight", "missing"},
+        {"heads do not divide", "--weights " + good + " --encoder-layers 2 --num-heads 5 --query " + tmp / "x.npy",
+         "--num-heads 5", "does not divide embed_dim 32"},
+        {"query of another width", "--weights " + good + " --encoder-layers 2 --num-heads 4 --query " + tmp / "x_wide.npy",
+         "x_wide.npy", "expected shape [*, *, 32], found [2, 3, 33]"},
+        {"wrong prefix", "--weights " + tmp / "m.safetensors" + " --prefix enc. --encoder-layers 2" + x,
+         "enc.layers.0.self_attn.in_proj_weight", "missing"},
+    };
+    enc.write_safetensors(tmp.path / "m.safetensors", "encoder.");
+    for (const auto &b : bad) {
+        CAPTURE(std::string(b.what));
+        const auto r = run(b.args + " --out " + tmp / "o.npy");
+        INFO(r.output);
+        CHECK(r.code == 2);
+        CHECK(r.output.find(b.names) != std::string::npos);
+        CHECK(r.output.find(b.says) != std::string::npos);
+        CHECK_FALSE(fs::exists(tmp / "o.npy"));
+    }
+    // The good state_dict runs, and without --encoder-layers it is no nn.MultiheadAttention's.
+    CHECK(run("--weights " + good + " --encoder-layers 2" + x + " --out " + tmp / "o.npy").code == 0);
+    const auto mha = run("--weights " + good + x);
+    CHECK(mha.code == 2);
+    CHECK(mha.output.find("out_proj.weight") != std::string::npos);
 }

@@ -1,8 +1,10 @@
 // mha-tune and mha-bench end to end: a short tuning run writes a config that reads back and that
 // mha-run then runs with; broken configs stop the tools with the file and the problem; mha-bench
-// --quick --json prints one object with every suite, and its serving rows carry what they claim.
+// --quick --json prints one object with every suite, and its serving and encoder rows carry what
+// they claim.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -108,7 +110,7 @@ TEST_CASE("mha-bench --quick --json prints one object with every suite") {
         if (row["suite"] == "attention") CHECK(row["vs"].contains("non-causal") == causal);
         if (row.contains("vs")) CHECK(!row["vs"].contains("1 thread"));
     }
-    CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer", "serving"});
+    CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer", "serving", "encoder"});
 }
 
 TEST_CASE("mha-bench --filter serving --quick --json: ragged prefill, cached decode and a continuous batch") {
@@ -166,6 +168,50 @@ TEST_CASE("mha-bench --filter serving --quick --json: ragged prefill, cached dec
     CHECK(cont["vs"]["dense"].get<double>() > 0);
     CHECK(cont["same_bits"]["split"] == true);
     CHECK(cont["same_bits"]["dense"] == true);
+}
+
+TEST_CASE("mha-bench --filter encoder --quick --json: the encoder layer beside PyTorch and oneDNN, and the Add & Norm's share") {
+    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1 --filter encoder", false);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    std::map<std::string, nlohmann::json> by_name;
+    for (const auto &row : j["results"]) {
+        CAPTURE(row.dump());
+        CHECK(row["suite"] == "encoder");
+        CHECK(row["threads"] == 1);
+        CHECK(row["ms"].get<double>() > 0);
+        CHECK(row["gflops"].get<double>() > 0);
+        REQUIRE(row["peak_fraction"].is_number());
+        CHECK(row["peak_fraction"].get<double>() > 0);
+        CHECK(row["peak_gflops_in_row"].get<double>() > 0);
+        REQUIRE(row.contains("vs"));
+        for (const auto &[anchor, ratio] : row["vs"].items()) CHECK(ratio.get<double>() > 0);
+        CHECK(!row["vs"].contains("1 thread"));
+        by_name[row["name"].get<std::string>()] = row;
+    }
+    REQUIRE(by_name.size() == 2);
+
+    // --quick runs B8 L128 only. GFLOP/s counts the GEMMs and the attention: 8 L E^2 + 4 L E F + 4 L^2 E.
+    const auto &fwd = by_name.at("encoder/forward");
+    CHECK(fwd["shape"] == "B8 L128 E512 H8 F2048");
+    const double flops = 8.0 * (8.0 * 128 * 512 * 512 + 4.0 * 128 * 512 * 2048 + 4.0 * 128 * 128 * 512);
+    CHECK(fwd["gflops"].get<double>() == doctest::Approx(flops / (fwd["ms"].get<double>() * 1e-3) * 1e-9));
+    if (fwd["vs"].contains("oneDNN")) CHECK(fwd["max_abs_diff_vs_oneDNN"].get<double>() < 1e-3);  // the same layer
+    if (fwd["vs"].contains("PyTorch")) {
+        CHECK(fwd["torch_ms"].get<double>() > 0);
+        CHECK(fwd["torch_fast_path"] == true);  // nn.TransformerEncoderLayer's fused path, the anchor the issue names
+    } else {
+        MESSAGE("no PyTorch anchor (python3-torch not installed?)");
+    }
+
+    // The attention layer with its Add & Norm against the same layer without.
+    const auto &an = by_name.at("encoder/add&norm");
+    CHECK(an["shape"] == "B8 L128 E512 H8");
+    CHECK(an["vs"]["no norm"].get<double>() > 0);
+    CHECK(an["no_norm_ms"].get<double>() > 0);
+    CHECK(an["add_norm_share"].get<double>() ==
+          doctest::Approx(1.0 - an["no_norm_ms"].get<double>() / an["ms"].get<double>()));
+    CHECK(std::abs(an["add_norm_share"].get<double>()) < 0.5);
 }
 
 TEST_CASE("mha-bench on two threads compares each row with one thread") {

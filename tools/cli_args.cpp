@@ -1,6 +1,7 @@
 #include "cli_args.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -14,7 +15,11 @@ const char *const kRunUsage =
     "               [--attn-weights w.npy [--average-attn-weights]] [--threads N] [--repeat N] [--json]\n"
     "       mha-run --weights PATH [--prefix P] --num-heads H --query q.npy --generate N [--prefill-chunk N]\n"
     "               [--check-invariance] [--out o.npy] [--threads N] [--json]\n"
-    "  Runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors.\n"
+    "       mha-run --weights PATH [--prefix P] --num-heads H --query x.npy --encoder-layers N [--ffn-dim F]\n"
+    "               [--activation relu|gelu] [--norm-first] [--norm-eps E] [--key-padding-mask m.npy]\n"
+    "               [--attn-mask m.npy] [--causal] [--out o.npy] [--threads N] [--repeat N] [--json]\n"
+    "  Runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors, or with\n"
+    "  --encoder-layers an nn.TransformerEncoderLayer / nn.TransformerEncoder(batch_first=True) in eval mode.\n"
     "  --weights PATH            a directory of <state_dict key>.npy files (in_proj_weight.npy, in_proj_bias.npy,\n"
     "                            out_proj.weight.npy, out_proj.bias.npy; or q_proj_weight.npy, k_proj_weight.npy,\n"
     "                            v_proj_weight.npy when kdim/vdim differ from E), or a .safetensors file\n"
@@ -38,13 +43,21 @@ const char *const kRunUsage =
     "  --prefill-chunk N         with --generate: prefill N tokens per call (default: the whole query at once)\n"
     "  --check-invariance        with --generate: compare every row, prompt and generated, with one causal\n"
     "                            forward pass over the whole sequence (prompt + generated rows as input), bit\n"
-    "                            for bit, and say so; exit status 3 if any row differs\n"
+    "                            for bit, and say so; exit status 3 if any row differs\n"    "  --encoder-layers N        run an encoder: N = 1 takes an nn.TransformerEncoderLayer's state_dict\n"
+    "                            (self_attn.in_proj_weight, self_attn.out_proj.weight, linear1.weight, linear2.weight,\n"
+    "                            norm1.weight, norm2.weight and their biases) or a one-layer nn.TransformerEncoder's;\n"
+    "                            N > 1 an nn.TransformerEncoder's (the same keys under layers.0. ... layers.N-1.,\n"
+    "                            and its final norm.weight / norm.bias if it has one), applied in order\n"
+    "  --ffn-dim F               dim_feedforward; default: linear1.weight's rows (checked when given)\n"
+    "  --activation relu|gelu    the feed-forward activation (default relu; gelu is the erf form)\n"
+    "  --norm-first              pre-norm (norm_first=True); default post-norm\n"
+    "  --norm-eps E              layer_norm_eps (default 1e-5)\n"
     "Exit status: 0 on success, 2 on bad arguments or bad files (nothing is written), 3 when\n"
     "--check-invariance finds a row that differs, 1 otherwise.\n";
 
 const char *const kBenchUsage =
     "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
-    "  Suites: gemm, softmax, attention, decode, layer, serving; each row beside its anchors, in one run.\n"
+    "  Suites: gemm, softmax, attention, decode, layer, serving, encoder; each row beside its anchors, in one run.\n"
     "  --quick      the short run (under a minute)\n"
     "  --threads    thread counts to run (default 1,2)\n"
     "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
@@ -64,6 +77,16 @@ const char *const kTuneUsage =
 std::vector<std::string> args_of(int argc, char **argv) { return std::vector<std::string>(argv + 1, argv + argc); }
 
 namespace {
+
+// A float32 in (0, 1] (not one that rounds to 0).
+float parse_eps(const std::string &flag, const std::string &v) {
+    char *end = nullptr;
+    errno = 0;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || errno || !std::isfinite(x) || !(static_cast<float>(x) > 0.0f) || x > 1.0)
+        throw UsageError(flag + ": '" + v + "' is not a number in (0, 1]");
+    return static_cast<float>(x);
+}
 
 int64_t parse_int(const std::string &flag, const std::string &v, int64_t lo, int64_t hi) {
     char *end = nullptr;
@@ -97,13 +120,14 @@ void walk(const std::vector<std::string> &args, const std::map<std::string, std:
 
 RunOptions parse_run_args(const std::vector<std::string> &args) {
     RunOptions o;
-    bool repeat_given = false;
+    bool repeat_given = false, seen_activation = false, seen_eps = false;
     auto path = [](std::string &dst) { return [&dst](const std::string &v) { dst = v; }; };
     walk(args,
          {{"--causal", [&] { o.causal = true; }},
           {"--average-attn-weights", [&] { o.average_attn_weights = true; }},
           {"--json", [&] { o.json = true; }},
           {"--check-invariance", [&] { o.check_invariance = true; }},
+          {"--norm-first", [&] { o.norm_first = true; }},
           {"--help", [&] { o.help = true; }},
           {"-h", [&] { o.help = true; }}},
          {{"--weights", path(o.weights)},
@@ -122,7 +146,18 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
                repeat_given = true;
            }},
           {"--generate", [&](const std::string &v) { o.generate = parse_int("--generate", v, 1, 1 << 20); }},
-          {"--prefill-chunk", [&](const std::string &v) { o.prefill_chunk = parse_int("--prefill-chunk", v, 1, int64_t{1} << 40); }}});
+          {"--prefill-chunk", [&](const std::string &v) { o.prefill_chunk = parse_int("--prefill-chunk", v, 1, int64_t{1} << 40); }},
+          {"--encoder-layers", [&](const std::string &v) { o.encoder_layers = parse_int("--encoder-layers", v, 1, 4096); }},
+          {"--ffn-dim", [&](const std::string &v) { o.ffn_dim = parse_int("--ffn-dim", v, 1, int64_t{1} << 30); }},
+          {"--activation", [&](const std::string &v) {
+               if (v != "relu" && v != "gelu") throw UsageError("--activation: '" + v + "' is not relu or gelu");
+               o.activation = v;
+               seen_activation = true;
+           }},
+          {"--norm-eps", [&](const std::string &v) {
+               o.norm_eps = parse_eps("--norm-eps", v);
+               seen_eps = true;
+           }}});
     if (o.help) return o;
     if (o.weights.empty()) throw UsageError("--weights is required");
     if (o.num_heads == 0) throw UsageError("--num-heads is required");
@@ -134,6 +169,27 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
     for (const std::string *p : {&o.out, &o.attn_weights})
         if (!p->empty() && (*p == o.query || *p == o.key || *p == o.value))
             throw UsageError("output file " + *p + " is also an input");
+    if (o.encoder_layers == 0) {
+        // The encoder's flags say how to run its layers: without --encoder-layers they mean nothing.
+        const std::pair<bool, const char *> encoder_only[] = {
+            {o.ffn_dim != 0, "--ffn-dim"},
+            {seen_activation, "--activation"},
+            {o.norm_first, "--norm-first"},
+            {seen_eps, "--norm-eps"}};
+        for (const auto &[given, what] : encoder_only)
+            if (given) throw UsageError(std::string(what) + " needs --encoder-layers N");
+    } else {
+        // An encoder layer is self-attention on its input and returns no attention weights.
+        const std::pair<bool, const char *> not_with[] = {
+            {!o.key.empty(), "--key and --value (an encoder layer attends over its own input)"},
+            {!o.attn_weights.empty(), "--attn-weights (an encoder layer returns no attention weights)"},
+            {o.generate != 0, "--generate (an encoder runs whole sequences)"},
+            {o.prefill_chunk != 0, "--prefill-chunk"},
+            {o.check_invariance, "--check-invariance"}};
+        for (const auto &[given, what] : not_with)
+            if (given) throw UsageError(std::string("--encoder-layers does not take ") + what);
+        return o;
+    }
     if (o.generate == 0) {
         if (o.check_invariance) throw UsageError("--check-invariance needs --generate N");
         if (o.prefill_chunk) throw UsageError("--prefill-chunk needs --generate N");

@@ -33,6 +33,12 @@ struct RunOptions {
     int64_t generate = 0;         // --generate N (0: a plain forward pass)
     int64_t prefill_chunk = 0;    // --prefill-chunk N: prefill N tokens per call (0: the whole query at once)
     bool check_invariance = false;  // --check-invariance: compare every row with the full causal forward
+    // An nn.TransformerEncoderLayer (1) or nn.TransformerEncoder (N layers) from its state_dict.
+    int64_t encoder_layers = 0;   // --encoder-layers N (0: an nn.MultiheadAttention layer)
+    int64_t ffn_dim = 0;          // --ffn-dim F (0: taken from linear1.weight's shape)
+    std::string activation = "relu";  // --activation relu|gelu
+    bool norm_first = false;      // --norm-first: pre-norm (PyTorch's norm_first=True)
+    float norm_eps = 1e-5f;       // --norm-eps E: layer_norm_eps
 };
 RunOptions parse_run_args(const std::vector<std::string> &args);
 extern const char *const kRunUsage;

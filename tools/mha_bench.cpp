@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_support.hpp"
+#include "bench/encoder_fixture.hpp"
 #include "bench/layer_fixture.hpp"
 #include "cli_args.hpp"
 #include "mha/attention.hpp"
@@ -46,6 +47,7 @@ struct Row {
     nlohmann::json extra = nlohmann::json::object();  // more fields for the JSON (serving: the mix, tokens/s, ...)
     // serving: whether our output has the same bits as each anchor's (anchor -> identical)
     std::vector<std::pair<std::string, bool>> same_bits = {};
+    std::string note = {};      // printed at the end of the table row (encoder: the Add & Norm's share)
 };
 
 struct Anchor {
@@ -454,6 +456,105 @@ void suite_serving(Context &ctx, const std::regex *filter, std::vector<Row> &row
     serving_continuous(ctx, filter, rows);
 }
 
+// ---- encoder: nn.TransformerEncoderLayer against PyTorch's fused layer and oneDNN -------------
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// mha::EncoderLayer (post-norm, relu) at each encoder shape on every thread count, interleaved
+// with (a) PyTorch 1.13's nn.TransformerEncoderLayer on its fused fast path, run in a child process
+// (bench/torch_encoder.py --serve) pinned to the row's threads: each of its turns in measure()
+// runs one forward pass there and the ratio uses PyTorch's own time of it; (b) the same layer
+// composed from dnnl_sgemm, the oneDNN attention composition and plain loops; (c) on more than one
+// thread, our layer on one. GFLOP/s counts 8 L E^2 + 4 L E F + 4 L^2 E per sequence.
+// Then the Add & Norm's share of the attention layer at B8 L128: mha::Layer with norm = post
+// against the same layer with norm = none, interleaved.
+void suite_encoder(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    std::vector<bench::EncoderShape> shapes;
+    for (const auto &s : bench::encoder_shapes())
+        if ((!ctx.opt.quick || s.quick) && (!filter || std::regex_search("encoder/forward/" + s.str(), *filter)))
+            shapes.push_back(s);
+    const bench::LayerShape an = bench::encoder_shapes().front().attention();  // B8 L128 E512 H8
+    const bool add_norm = !filter || std::regex_search("encoder/add&norm/" + an.str(), *filter);
+    for (int threads : ctx.opt.threads) {
+        std::unique_ptr<bench::TorchEncoder> torch;
+        if (!shapes.empty()) {
+            std::fprintf(stderr, "encoder: PyTorch nn.TransformerEncoderLayer, threads=%d\n", threads);
+            torch = std::make_unique<bench::TorchEncoder>(threads, shapes);
+            if (!torch->ok()) std::fprintf(stderr, "encoder: PyTorch anchor skipped: %s\n", torch->why().c_str());
+        }
+        for (const auto &s : shapes) {
+            std::fprintf(stderr, "encoder %s threads=%d\n", s.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
+            bench::EncoderFixture f(rt, s);
+            std::vector<double> torch_ms;
+            std::vector<Anchor> anchors;
+            if (torch->ok()) anchors.push_back({"PyTorch", [&] { torch_ms.push_back(torch->run_ms(s)); }});
+            if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});
+            if (threads > 1) anchors.push_back({"1 thread", [&] { f.forward(rt1); }});
+            Row row;
+            row.suite = "encoder";
+            row.name = "forward";
+            row.shape = s.str();
+            row.threads = threads;
+            row.unit = "GFLOP/s";
+            measure(ctx, row, s.flops(), [&] { f.forward(rt); }, anchors, rows);
+            Row &r = rows.back();
+            if (!torch_ms.empty()) {
+                // PyTorch's own times (the first run was measure()'s warm-up), not our clock's,
+                // which would add the pipe's round trip.
+                torch_ms.erase(torch_ms.begin());
+                const double t = median_of(torch_ms);
+                for (auto &[n, v] : r.vs)
+                    if (n == "PyTorch") v = t / r.ms;
+                r.extra["torch_ms"] = t;
+                r.extra["torch_version"] = torch->version();
+                r.extra["torch_fast_path"] = torch->fast_path(s);
+                if (!torch->fast_path(s)) r.note = "PyTorch NOT on its fused path";
+            }
+            if (bench::has_dnnl()) r.extra["max_abs_diff_vs_oneDNN"] = f.max_abs_diff();
+            r.extra["flops_counted"] = "8 L E^2 + 4 L E F + 4 L^2 E per sequence";
+        }
+        if (add_norm) {
+            std::fprintf(stderr, "encoder add&norm %s threads=%d\n", an.str().c_str(), threads);
+            Runtime rt(RuntimeOptions{threads, {}, {}, {}});
+            bench::LayerFixture f(rt, an);  // its weights; two layers over them, with and without the norm
+            std::vector<float> gamma(static_cast<size_t>(an.embed)), beta(gamma.size());
+            bench::fill_hashed(gamma.data(), gamma.size(), 201, 0.1f);
+            for (float &g : gamma) g += 1.0f;
+            bench::fill_hashed(beta.data(), beta.size(), 202, 0.1f);
+            LayerConfig c;
+            c.embed_dim = an.embed;
+            c.num_heads = an.heads;
+            LayerWeights w = LayerWeights::from_in_proj(c, f.w_in.data(), f.b_in.data(), f.w_out.data(), f.b_out.data());
+            const Layer plain(rt, c, w);
+            c.norm = Norm::post;
+            w.norm_weight = gamma.data();
+            w.norm_bias = beta.data();
+            const Layer normed(rt, c, w);
+            std::vector<float> out2(f.out.size());
+            Row row;
+            row.suite = "encoder";
+            row.name = "add&norm";
+            row.shape = an.str();
+            row.threads = threads;
+            row.unit = "GFLOP/s";
+            measure(ctx, row, an.flops(), [&] { normed.forward(rt, f.forward_params, f.x.data(), nullptr, nullptr, f.out.data()); },
+                    {{"no norm", [&] { plain.forward(rt, f.forward_params, f.x.data(), nullptr, nullptr, out2.data()); }}},
+                    rows);
+            Row &r = rows.back();
+            const double none_ms = r.vs.front().second * r.ms;
+            r.extra["no_norm_ms"] = none_ms;
+            r.extra["add_norm_share"] = (r.ms - none_ms) / r.ms;
+            char note[96];
+            std::snprintf(note, sizeof note, "add&norm %.1f%% of the layer's time", 100.0 * (r.ms - none_ms) / r.ms);
+            r.note = note;
+        }
+    }
+}
+
 void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
@@ -495,6 +596,7 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
         }
         if (r.part_ms >= 0)
             std::printf("   attention %.0f%% / projections %.0f%%", 100.0 * r.part_ms / r.ms, 100.0 * (1.0 - r.part_ms / r.ms));
+        if (!r.note.empty()) std::printf("   %s", r.note.c_str());
         if (!r.same_bits.empty()) {
             std::string same, differ;
             for (const auto &[n, eq] : r.same_bits) {
@@ -523,7 +625,14 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                 "through attention_cached, GB/s of cached K and V; dense = the same through mha::attention;\n"
                 "continuous = prefill chunks and decodes in one attention_cached call, GF/s of the causal work;\n"
                 "split = the chunks and the decodes in two attention_cached calls; same bits as X = our output\n"
-                "is bitwise identical to X's.\n");
+                "is bitwise identical to X's.\n"
+                "encoder: mha::EncoderLayer (post-norm, relu); PyTorch = 1.13's nn.TransformerEncoderLayer(batch_first=True)\n"
+                "in eval mode under torch.inference_mode() (its fused path), run by bench/torch_encoder.py in a child\n"
+                "pinned to the row's threads, its runs interleaved with ours and timed by itself; oneDNN = the same\n"
+                "layer from dnnl_sgemm, the layer suite's attention composition and plain loops for bias, relu and\n"
+                "LayerNorm; GF/s counts 8 L E^2 + 4 L E F + 4 L^2 E per sequence (the GEMMs and the attention).\n"
+                "add&norm = the attention layer with its Add & Norm (norm = post) against the same layer without\n"
+                "(vs no norm); its share = 1 - (no norm's time / the row's time).\n");
 }
 
 void print_json(const Context &ctx, const std::vector<Row> &rows) {
@@ -585,6 +694,7 @@ int main(int argc, char **argv) {
         suite_decode(ctx, filter.get(), rows);
         suite_layer(ctx, filter.get(), rows);
         suite_serving(ctx, filter.get(), rows);
+        suite_encoder(ctx, filter.get(), rows);
         if (ctx.opt.json)
             print_json(ctx, rows);
         else

@@ -1,4 +1,5 @@
-// mha-run: runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors.
+// mha-run: runs a PyTorch nn.MultiheadAttention(batch_first=True) layer's weights on .npy tensors,
+// or with --encoder-layers an nn.TransformerEncoderLayer / nn.TransformerEncoder from its state_dict.
 // Every input is read and checked before the layer runs; outputs are written only when everything
 // succeeded, each through a temporary file, so a failure leaves no output behind. With --generate
 // it runs the layer as a server would, through a KV cache: a (chunked) prefill, then decode steps
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "cli_args.hpp"
 #include "io/npy.hpp"
 #include "io/torch_mha.hpp"
+#include "mha/encoder.hpp"
 #include "mha/layer.hpp"
 #include "mha/serving.hpp"
 
@@ -178,7 +181,94 @@ int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, cons
     return differing == 0 ? 0 : 3;
 }
 
+// The forward parameters of a self- or cross-attention call on these inputs, with their masks.
+LayerForward forward_params(const Inputs &in, bool causal) {
+    LayerForward p;
+    p.batch = in.B;
+    p.q_len = in.Lq;
+    p.kv_len = in.Lk;
+    p.causal = causal;
+    if (!in.mask.allowed.empty()) {
+        p.mask = in.mask.allowed.data();
+        p.mask_batch_stride = in.mask.batch_stride;
+        p.mask_row_stride = in.mask.row_stride;
+    }
+    return p;
+}
+
+// --encoder-layers N: the layers of an nn.TransformerEncoder (or one nn.TransformerEncoderLayer),
+// each an mha::EncoderLayer built once, applied in order: layer 0 reads the query, the others
+// rewrite the output in place; then the stack's final norm, if its state_dict has one.
+int run_encoder(const cli::RunOptions &o) {
+    io::EncoderOptions eo;
+    eo.num_layers = o.encoder_layers;
+    eo.num_heads = o.num_heads;
+    eo.ffn_dim = o.ffn_dim;
+    eo.activation = o.activation == "gelu" ? Activation::gelu : Activation::relu;
+    eo.norm_first = o.norm_first;
+    eo.norm_eps = o.norm_eps;
+    const io::EncoderStackWeights w = io::load_encoder_weights(io::StateDict(o.weights, o.prefix), eo);
+    const int64_t E = w.config.attention.embed_dim, N = static_cast<int64_t>(w.layers.size());
+    if (E % o.num_heads != 0)
+        throw cli::UsageError("--num-heads " + std::to_string(o.num_heads) + " does not divide embed_dim " + std::to_string(E));
+    const Inputs in = read_inputs(o, E, E, E);
+
+    Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
+    std::vector<std::unique_ptr<EncoderLayer>> layers;
+    for (int64_t i = 0; i < N; ++i) layers.push_back(std::make_unique<EncoderLayer>(rt, w.config, w.view(static_cast<size_t>(i))));
+    const bool final_norm = !w.final_norm_weight.empty();
+    const LayerForward p = forward_params(in, o.causal);
+    std::vector<float> out(static_cast<size_t>(in.B * in.Lq * E));
+    std::vector<double> ms;
+    for (int r = 0; r < o.repeat; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        layers[0]->forward(rt, p, in.query.data(), out.data());
+        for (int64_t i = 1; i < N; ++i) layers[static_cast<size_t>(i)]->forward(rt, p, out.data(), out.data());
+        if (final_norm)
+            io::layer_norm_rows(out.data(), in.B * in.Lq, E, w.final_norm_weight.data(),
+                                w.final_norm_bias.empty() ? nullptr : w.final_norm_bias.data(), o.norm_eps);
+        ms.push_back(ms_since(t0));
+        if (o.repeat > 1 && !o.json) std::printf("run %d: %.3f ms\n", r + 1, ms.back());
+    }
+    if (!o.out.empty()) io::write_npy(o.out, {in.B, in.Lq, E}, out.data());
+
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double best = sorted.front(), median = sorted[sorted.size() / 2];
+    double flops = 0;
+    for (const auto &l : layers) flops += l->flops(p);
+    const double gflops = flops / (best * 1e-3) * 1e-9;
+    const int64_t F = w.config.ffn_dim;
+    if (o.json) {
+        char eps_text[32];  // the float's shortest decimal form: 1e-05, not 9.99999974738e-06
+        std::snprintf(eps_text, sizeof eps_text, "%.9g", static_cast<double>(o.norm_eps));
+        for (int digits = 1; digits < 9; ++digits) {
+            char t[32];
+            std::snprintf(t, sizeof t, "%.*g", digits, static_cast<double>(o.norm_eps));
+            if (std::strtof(t, nullptr) == o.norm_eps) {
+                std::snprintf(eps_text, sizeof eps_text, "%s", t);
+                break;
+            }
+        }
+        nlohmann::json j = {{"mode", "encoder"}, {"best_ms", best}, {"median_ms", median}, {"gflops", gflops},
+                            {"threads", rt.num_threads()}, {"runs_ms", ms}, {"batch", in.B}, {"q_len", in.Lq},
+                            {"kv_len", in.Lk}, {"embed_dim", E}, {"num_heads", o.num_heads}, {"encoder_layers", N},
+                            {"ffn_dim", F}, {"activation", o.activation}, {"norm_first", o.norm_first},
+                            {"norm_eps", std::stod(eps_text)}, {"final_norm", final_norm}, {"isa", std::string(isa_name(rt.isa()))}};
+        std::printf("%s\n", j.dump().c_str());
+    } else {
+        std::printf("mha-run: encoder of %ld layer%s (E %ld, H %ld, FFN %ld, %s, %s%s), B %ld, L %ld on %d thread%s: "
+                    "best %.3f ms, median %.3f ms, %.1f GFLOP/s\n",
+                    static_cast<long>(N), N > 1 ? "s" : "", static_cast<long>(E), static_cast<long>(o.num_heads),
+                    static_cast<long>(F), o.activation.c_str(), o.norm_first ? "pre-norm" : "post-norm",
+                    final_norm ? ", final norm" : "", static_cast<long>(in.B), static_cast<long>(in.Lq), rt.num_threads(),
+                    rt.num_threads() > 1 ? "s" : "", best, median, gflops);
+    }
+    return 0;
+}
+
 int run(const cli::RunOptions &o) {
+    if (o.encoder_layers) return run_encoder(o);
     const io::MhaWeights w = io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads);
     const LayerConfig &c = w.config;
     const int64_t E = c.embed_dim;
@@ -195,16 +285,7 @@ int run(const cli::RunOptions &o) {
     Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
     const Layer layer(rt, c, lw);
     if (o.generate) return run_generate(o, rt, layer, in);
-    LayerForward p;
-    p.batch = in.B;
-    p.q_len = in.Lq;
-    p.kv_len = in.Lk;
-    p.causal = o.causal;
-    if (!in.mask.allowed.empty()) {
-        p.mask = in.mask.allowed.data();
-        p.mask_batch_stride = in.mask.batch_stride;
-        p.mask_row_stride = in.mask.row_stride;
-    }
+    LayerForward p = forward_params(in, o.causal);
     std::vector<float> out(static_cast<size_t>(in.B * in.Lq * E));
     std::vector<float> weights(o.attn_weights.empty() ? 0 : static_cast<size_t>(in.B * o.num_heads * in.Lq * in.Lk));
     if (!weights.empty()) p.weights = weights.data();
