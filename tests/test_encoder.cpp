@@ -1,7 +1,8 @@
 // Add & Norm in the attention layer (mha_layer_config.norm) and the encoder layer
 // (nn.TransformerEncoderLayer) against a double-precision reference, PyTorch's golden files
 // (tests/data/gen_encoder_golden.py, through the C ABI), LayerNorm's edge cases (a constant row, a
-// NaN, eps), themselves (threads, batch composition, in place) and bad input.
+// NaN, eps), themselves (threads, batch composition, in place, the KV cache, ragged batches) and bad
+// input.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -332,8 +333,8 @@ struct LayerCase {
 };
 
 void run_layer_case(const LayerCase &cs, Norm norm, Runtime &rt) {
-    CAPTURE(cs.name);
-    CAPTURE(norm_name(norm));
+    CAPTURE(std::string(cs.name));
+    CAPTURE(std::string(norm_name(norm)));
     LayerConfig c = cs.config;
     c.norm = norm;
     const Dims d = dims_of(c);
@@ -499,7 +500,7 @@ TEST_CASE("layer Add & Norm: a NaN in one query row stays in that row") {
     // what is tested is that the residual and the LayerNorm keep to their row.
     const int64_t E = 24, B = 2, Lq = 4, Lk = 6;
     for (Norm norm : {Norm::post, Norm::pre}) {
-        CAPTURE(norm_name(norm));
+        CAPTURE(std::string(norm_name(norm)));
         LayerConfig c = layer_config(E, 4, norm);
         c.kdim = 12;
         const Dims d = dims_of(c);
@@ -542,7 +543,7 @@ TEST_CASE("layer Add & Norm: a NaN in one query row stays in that row") {
 TEST_CASE("layer Add & Norm through the KV cache: prefill + decode = the causal forward, bit for bit") {
     const int64_t E = 32, L = 40, P = 30;
     for (Norm norm : {Norm::post, Norm::pre}) {
-        CAPTURE(norm_name(norm));
+        CAPTURE(std::string(norm_name(norm)));
         LayerConfig c = layer_config(E, 4, norm, 1e-6f);
         c.num_kv_heads = 2;
         const Dims d = dims_of(c);
@@ -594,9 +595,9 @@ struct EncCase {
 };
 
 void run_encoder_case(const EncCase &cs, Norm norm, Activation act, Runtime &rt) {
-    CAPTURE(cs.name);
-    CAPTURE(norm_name(norm));
-    CAPTURE(act_name(act));
+    CAPTURE(std::string(cs.name));
+    CAPTURE(std::string(norm_name(norm)));
+    CAPTURE(std::string(act_name(act)));
     const EncoderConfig c = encoder_config(cs.E, cs.H, cs.F, norm, act, cs.eps);
     const EncWeights w = random_encoder(c, 31);
     const EncoderWeights ew = w.view(cs.biases, cs.norm_params);
@@ -651,7 +652,7 @@ TEST_CASE("encoder layer: the activation itself over [-15, 15] (GELU is the erf 
     // +-15 and GELU's tanh approximation (off by up to 4.7e-4 near 2.7) would fail the 1e-5 check.
     const int64_t E = 32, B = 2, L = 6;
     for (Activation act : {Activation::relu, Activation::gelu}) {
-        CAPTURE(act_name(act));
+        CAPTURE(std::string(act_name(act)));
         const EncoderConfig c = encoder_config(E, 4, E, Norm::pre, act);
         EncWeights w = random_encoder(c, 51);
         std::fill(w.a.wo.begin(), w.a.wo.end(), 0.0f);
@@ -708,7 +709,7 @@ TEST_CASE("encoder layer: empty calls") {
 TEST_CASE("encoder layer: a NaN in one sequence stays in it; LayerNorm of its row is NaN") {
     const int64_t E = 20, B = 3, L = 5;
     for (Norm norm : {Norm::post, Norm::pre}) {
-        CAPTURE(norm_name(norm));
+        CAPTURE(std::string(norm_name(norm)));
         const EncoderConfig c = encoder_config(E, 4, 24, norm, Activation::gelu);
         const EncWeights w = random_encoder(c, 41);
         Runtime rt(RuntimeOptions{2, {}, {}, {}});
@@ -741,7 +742,7 @@ TEST_CASE("Add & Norm and the encoder: same bits for 1 and 2 threads, alone or i
     const int32_t valid[3] = {37, 20, 0};
     for (Norm norm : {Norm::post, Norm::pre})
         for (int variant = 0; variant < 3; ++variant) {  // 0 plain, 1 causal, 2 valid lengths
-            CAPTURE(norm_name(norm));
+            CAPTURE(std::string(norm_name(norm)));
             CAPTURE(variant);
             LayerForward p;
             p.batch = B;
@@ -772,7 +773,7 @@ TEST_CASE("Add & Norm and the encoder: same bits for 1 and 2 threads, alone or i
                 }, o1);
             }
             for (Activation act : {Activation::relu, Activation::gelu}) {  // the encoder
-                CAPTURE(act_name(act));
+                CAPTURE(std::string(act_name(act)));
                 const EncoderConfig c = encoder_config(E, 4, 96, norm, act);
                 const EncWeights w = random_encoder(c, 25);
                 EncoderLayer layer(rt1, c, w.view());
@@ -789,6 +790,47 @@ TEST_CASE("Add & Norm and the encoder: same bits for 1 and 2 threads, alone or i
                 }
             }
         }
+}
+
+TEST_CASE("encoder layer: a ragged batch (forward_varlen) gives each row the bits of its sequence alone") {
+    // Sequences of 5, 0, 13, 1 and 37 rows, one after the other; E 20 and FFN 17 cross the tiles' edges.
+    const std::vector<int64_t> offsets = {0, 5, 5, 18, 19, 56};
+    const int64_t E = 20, total = offsets.back(), S = static_cast<int64_t>(offsets.size()) - 1;
+    const auto x = random_floats(static_cast<size_t>(total * E), 71);
+    for (Isa isa : supported_isas())
+        for (Norm norm : {Norm::post, Norm::pre})
+            for (Activation act : {Activation::relu, Activation::gelu}) {
+                CAPTURE(std::string(isa_name(isa)));
+                CAPTURE(std::string(norm_name(norm)));
+                CAPTURE(std::string(act_name(act)));
+                const EncoderConfig c = encoder_config(E, 4, 17, norm, act);
+                const EncWeights w = random_encoder(c, 73);
+                Runtime rt1(RuntimeOptions{1, isa, {}, {}}), rt2(RuntimeOptions{2, isa, {}, {}});
+                EncoderLayer layer(rt1, c, w.view());
+                for (bool causal : {false, true}) {
+                    CAPTURE(causal);
+                    std::vector<float> o1(x.size(), test::kSentinel), o2(x.size(), test::kSentinel), alone;
+                    layer.forward_varlen(rt1, LayerVarlenForward{S, offsets.data(), causal}, x.data(), o1.data());
+                    layer.forward_varlen(rt2, LayerVarlenForward{S, offsets.data(), causal}, x.data(), o2.data());
+                    CHECK(test::same_bits(o1, o2));
+                    for (int64_t s = 0; s < S; ++s) {
+                        const int64_t r0 = offsets[static_cast<size_t>(s)];
+                        const int64_t n = offsets[static_cast<size_t>(s) + 1] - r0;
+                        if (n == 0) continue;
+                        CAPTURE(s);
+                        LayerForward p;
+                        p.batch = 1;
+                        p.q_len = p.kv_len = n;
+                        p.causal = causal;
+                        alone.assign(static_cast<size_t>(n * E), test::kSentinel);
+                        layer.forward(rt2, p, x.data() + r0 * E, alone.data());
+                        CHECK(std::memcmp(alone.data(), o1.data() + r0 * E, alone.size() * sizeof(float)) == 0);
+                        const std::vector<float> got(o1.begin() + r0 * E, o1.begin() + (r0 + n) * E);
+                        check_close(got, reference_encoder(c, w.view(), p, to_double(x.data() + r0 * E, n * E)),
+                                    kRefTol, "varlen vs reference");
+                    }
+                }
+            }
 }
 
 // ---- PyTorch's golden files, through the C ABI ----------------------------------------------------------------
@@ -921,7 +963,7 @@ TEST_CASE("nn.TransformerEncoderLayer / nn.TransformerEncoder golden files throu
     int cases = 0;
     for (const char *name : {"post_relu", "post_gelu", "pre_relu", "pre_gelu", "post_gelu_key_padding",
                              "pre_relu_causal", "encoder2"}) {
-        CAPTURE(name);
+        CAPTURE(std::string(name));
         const fs::path d = root / name;
         auto cs = read_case(d);
         const int64_t layers = std::stoll(cs["num_layers"]), H = std::stoll(cs["num_heads"]),
@@ -1016,7 +1058,7 @@ TEST_CASE("layer Add & Norm: bad config gets a status and a message naming the f
     REQUIRE(mha_layer_weights_from_in_proj(&c, w.data(), nullptr, ow.data(), nullptr, &lw) == MHA_OK);
     auto fails = [&](const mha_layer_config &cc, mha_status status, std::initializer_list<const char *> fields,
                      const char *what) {
-        CAPTURE(what);
+        CAPTURE(std::string(what));
         mha_layer *l = nullptr;
         CHECK(mha_layer_create(rt, &cc, &lw, &l) == status);
         CHECK(l == nullptr);
@@ -1099,7 +1141,7 @@ TEST_CASE("encoder layer: bad input gets a status and a message naming the field
     using W = mha_encoder_weights;
     auto create_fails = [&](const Cfg *cc, const W *ww, mha_status status, std::initializer_list<const char *> fields,
                             const char *what) {
-        CAPTURE(what);
+        CAPTURE(std::string(what));
         mha_encoder_layer *l = nullptr;
         CHECK(mha_encoder_layer_create(rt, cc, ww, &l) == status);
         CHECK(l == nullptr);
@@ -1166,7 +1208,7 @@ TEST_CASE("encoder layer: bad input gets a status and a message naming the field
     int32_t valid[2] = {4, 5};
     auto forward_fails = [&](const mha_layer_forward_params *p, const float *in, float *o, const mha_encoder_layer *l,
                              std::initializer_list<const char *> fields, const char *what, mha_runtime *r) {
-        CAPTURE(what);
+        CAPTURE(std::string(what));
         CHECK(mha_encoder_layer_forward(r, l, p, in, o) == MHA_INVALID_ARGUMENT);
         const std::string msg = mha_last_error();
         bool named = false;
@@ -1240,5 +1282,37 @@ TEST_CASE("encoder layer: bad input gets a status and a message naming the field
     for (float v : out) CHECK(std::isfinite(v));
     mha_encoder_layer_destroy(layer);
     mha_encoder_layer_destroy(nullptr);
+    mha_runtime_destroy(rt);
+}
+
+TEST_CASE("encoder layer: forward_varlen refuses bad input through the C ABI, writing nothing") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+    const CEncoder s;
+    mha_encoder_layer *layer = nullptr;
+    REQUIRE_MESSAGE(mha_encoder_layer_create(rt, &s.config, &s.weights, &layer) == MHA_OK, mha_last_error());
+    const auto x = random_floats(static_cast<size_t>(16 * s.E), 3);
+    std::vector<float> out(x.size(), test::kSentinel);
+    auto refused = [&](mha_runtime *r, const mha_encoder_layer *l, int64_t num_seqs, const int64_t *offsets,
+                       const float *in, float *o, const char *field) {
+        CAPTURE(std::string(field));
+        CHECK(mha_encoder_layer_forward_varlen(r, l, num_seqs, offsets, 0, in, o) == MHA_INVALID_ARGUMENT);
+        const std::string msg = mha_last_error();
+        CHECK_MESSAGE(names(msg, field), msg);
+        for (float v : out) REQUIRE(v == test::kSentinel);
+    };
+    const int64_t decreasing[] = {0, 9, 4}, not_zero[] = {1, 4}, ok[] = {0, 4, 16};
+    refused(rt, layer, 2, decreasing, x.data(), out.data(), "offsets");
+    refused(rt, layer, 1, not_zero, x.data(), out.data(), "offsets");
+    refused(rt, layer, 1, nullptr, x.data(), out.data(), "offsets");
+    refused(rt, layer, -1, ok, x.data(), out.data(), "num_seqs");
+    refused(rt, layer, 2, ok, nullptr, out.data(), "x");
+    refused(rt, layer, 2, ok, x.data(), nullptr, "out");
+    refused(rt, nullptr, 2, ok, x.data(), out.data(), "layer");
+    refused(nullptr, layer, 2, ok, x.data(), out.data(), "rt");
+    CHECK_MESSAGE(mha_encoder_layer_forward_varlen(rt, layer, 2, ok, 1, x.data(), out.data()) == MHA_OK,
+                  mha_last_error());
+    for (float v : out) CHECK(std::isfinite(v));
+    mha_encoder_layer_destroy(layer);
     mha_runtime_destroy(rt);
 }
