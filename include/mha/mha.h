@@ -114,7 +114,7 @@ typedef struct mha_layer_config {
     int64_t kdim, vdim;               /* widths of key and value; 0 = embed_dim */
     mha_dtype weight_dtype;           /* MHA_F32 (0); MHA_BF16 answers MHA_UNSUPPORTED for now */
     int norm;                         /* an mha_norm: MHA_NORM_NONE (0), MHA_NORM_POST or MHA_NORM_PRE */
-    float norm_eps;                   /* LayerNorm's eps; 0 = 1e-5 (seed 002 uses 1e-6) */
+    float norm_eps;                   /* LayerNorm's eps; 0 = 1e-5 (seed 002 uses 1e-6); negative or NaN: MHA_INVALID_ARGUMENT */
 } mha_layer_config;
 
 typedef struct mha_layer_weights {
@@ -286,8 +286,9 @@ mha_status mha_encoder_layer_forward(mha_runtime *rt, const mha_encoder_layer *l
                                      const mha_layer_forward_params *p, const float *x, float *out);
 
 /* Ragged batches, no padding: sequence s owns rows offsets[s] .. offsets[s+1]-1 (offsets [num_seqs + 1],
-   non-decreasing, offsets[0] = 0) of x [total, E] and out [total, E]. Self-attention layers only; a row
-   gets the bits the dense forward gives it in its sequence alone. */
+   non-decreasing, offsets[0] = 0) of x [total, E] and out [total, E] (x == out is allowed). Self-attention
+   layers only; a row gets the bits the dense forward gives it in its sequence alone. A failed create leaves
+   *out NULL, here as everywhere. */
 mha_status mha_layer_forward_varlen(mha_runtime *rt, const mha_layer *layer, int64_t num_seqs, const int64_t *offsets,
                                     int causal, const float *x, float *out);
 mha_status mha_encoder_layer_forward_varlen(mha_runtime *rt, const mha_encoder_layer *layer, int64_t num_seqs,

@@ -379,6 +379,15 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
     const LayerConfig &c = m.cfg;
     auto &st = rt.state();
     if (!m.fused) invalid_argument("forward_varlen needs a self-attention layer (kdim = vdim = embed_dim)");
+    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
+    if (p.num_seqs > 0) {
+        detail::check_not_null("offsets", p.offsets);
+        if (p.offsets[0] != 0) invalid_argument("offsets[0] = " + std::to_string(p.offsets[0]) + " must be 0");
+    }
+    for (int64_t s = 0; s < p.num_seqs; ++s)
+        if (p.offsets[s + 1] < p.offsets[s])
+            invalid_argument("offsets decreases: [" + std::to_string(s + 1) + "] = " + std::to_string(p.offsets[s + 1]) +
+                             " < [" + std::to_string(s) + "] = " + std::to_string(p.offsets[s]));
     VarlenParams ap;
     ap.num_seqs = p.num_seqs;
     ap.q_offsets = ap.kv_offsets = p.offsets;
