@@ -21,6 +21,12 @@ namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Whether rows x cols floats at a and at b (both dense) share memory.
+bool overlaps(const float *a, const float *b, int64_t rows, int64_t cols) {
+    const auto n = static_cast<size_t>(rows * cols);
+    return a < b + n && b < a + n;
+}
+
 int64_t product(std::initializer_list<int64_t> dims, const std::string &what) {
     int64_t p = 1;
     for (int64_t d : dims)
@@ -71,8 +77,9 @@ struct Layer::Impl {
         const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
         const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
         const int64_t xn_floats = cfg.norm == Norm::pre ? n_floats : 0;
-        auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + n_floats + xn_floats));
-        float *rows = scratch.data(), *os = rows + q_floats, *proj = os + o_floats, *xn = proj + n_floats;
+        const bool own_proj = cfg.norm != Norm::none && overlaps(x, y, tokens, E);
+        auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + (own_proj ? n_floats : 0) + xn_floats));
+        float *rows = scratch.data(), *os = rows + q_floats, *xn = os + o_floats, *proj = own_proj ? xn + xn_floats : y;
         const float *residual = x;
         if (cfg.norm == Norm::pre && tokens) {
             pre_norm(st, tokens, x, xn);
@@ -281,14 +288,17 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
         return attention_validate(ap, &none, &none, &none, &none);
     }
 
-    // With Add & Norm: the output projection goes to a buffer of its own (out may be the query), and
-    // pre-norm adds LayerNorm(query), which self-attention also takes as its key and value.
+    // With Add & Norm: the output projection goes straight to out, which the row pass then turns
+    // into LayerNorm(query + out), unless out shares memory with the query (then to a buffer of
+    // its own); pre-norm adds LayerNorm(query), which self-attention also takes as key and value.
+    const bool own_proj = c.norm != Norm::none && overlaps(out, query, q_tokens, c.embed_dim);
     const int64_t n_floats = c.norm != Norm::none ? product({q_tokens, c.embed_dim}, "out") : 0;
     const int64_t xn_floats = c.norm == Norm::pre ? n_floats : 0;
-    auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + kv_floats + o_floats + n_floats + xn_floats));
+    auto scratch = st.pool.borrow(
+        static_cast<size_t>(q_floats + kv_floats + o_floats + (own_proj ? n_floats : 0) + xn_floats));
     float *qs = scratch.data(), *ks = one_gemm ? qs + m.k_off : qs + q_floats, *vs = one_gemm ? qs + m.v_off
                                                                                             : ks + round_up(m.nk, 16);
-    float *os = qs + q_floats + kv_floats, *proj = os + o_floats, *xn = proj + n_floats;
+    float *os = qs + q_floats + kv_floats, *xn = os + o_floats, *proj = own_proj ? xn + xn_floats : out;
     attention_validate(ap, qs, ks, vs, os);  // the masks and valid lengths, before anything is written
     const float *residual = query;
     if (c.norm == Norm::pre) {
