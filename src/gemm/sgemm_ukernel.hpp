@@ -51,7 +51,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
     // spills a B vector instead, which costs an extra load per FMA pair (measured: the Q K^T tiles
     // of attention ran 20% slower than the P V tiles). Passing these through memory frees them.
     asm volatile("" : "+m"(alpha), "+m"(beta), "+m"(c), "+m"(ldc));
-    for (int64_t p = 0; p < k; ++p) {
+    auto step = [&] {
         V bv[NV];
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) bv[j] = V::load_unaligned(b + j * W);
@@ -65,6 +65,15 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         }
         a += cs_a;
         b += rs_b;
+    };
+    // AVX2 (16 registers): unrolling the k loop 4 times spares its overhead; on Zen 3, timed
+    // interleaved against the plain loop, 1-4% faster at 1024x2048x512, 1024x512x2048 and
+    // 4096x1536x512. AVX-512 keeps the plain loop its register budget was measured with (above).
+    if constexpr (W == 8) {
+#pragma GCC unroll 4
+        for (int64_t p = 0; p < k; ++p) step();
+    } else {
+        for (int64_t p = 0; p < k; ++p) step();
     }
 
     // alpha == 1 (every call from attention, most from users) skips the scaling; the bits are the
