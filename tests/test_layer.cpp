@@ -61,14 +61,7 @@ Weights random_weights(const LayerConfig &c, uint32_t seed) {
 
 // y[t, o] = sum_i x[t, i] w[o, i] + b[o], in double.
 std::vector<double> project(const float *x, int64_t tokens, int64_t in, const float *w, const float *b, int64_t out) {
-    std::vector<double> y(static_cast<size_t>(tokens * out));
-    for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t o = 0; o < out; ++o) {
-            double s = b ? b[o] : 0.0;
-            for (int64_t i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
-            y[static_cast<size_t>(t * out + o)] = s;
-        }
-    return y;
+    return ref::linear(x, tokens, in, w, b, out);
 }
 
 // The layer in double, straight from its definition.

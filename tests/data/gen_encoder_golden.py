@@ -31,35 +31,18 @@ nn.TransformerEncoder of 2 such layers (state_dict keys with the "layers.N." pre
     case.txt            num_layers, num_heads, ffn_dim, activation relu|gelu, norm_first 0|1, eps, causal 0|1
 Every bias (and LayerNorm's weight and bias) is random and nonzero, so a dropped term shows.
 """
-import json
 import math
 import os
 import shutil
-import struct
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gen_layer_golden import save, save_safetensors  # the same files as the layer's goldens
+
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "encoder")
-
-
-def save(path, array):
-    np.save(path, np.ascontiguousarray(array))
-
-
-def save_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = np.ascontiguousarray(t, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def write_case_txt(d, fields):
