@@ -1,8 +1,10 @@
 # Sourced by tools/test and tools/run: makes sure every Debian package the build needs is installed.
 MHA_PACKAGES=(meson ninja-build g++ pkg-config cmake libxsimd-dev libtbb-dev doctest-dev libbenchmark-dev
-              nlohmann-json3-dev libdnnl-dev libopenblas-dev python3-dev python3-pybind11 python3-pytest python3-numpy)
+              nlohmann-json3-dev libdnnl-dev libopenblas-dev python3-dev python3-pybind11 python3-pytest python3-numpy
+              python3-torch)
 
-# The oracle for golden files and fits in tests/data/ (the C++ tests never need it): tools/goldens.
+# The oracle for golden files and fits in tests/data/ (the C++ tests never need it; the Python
+# tests of mha.torch do, so MHA_PACKAGES has it too): tools/goldens.
 MHA_ORACLE_PACKAGES=(python3-numpy python3-torch)
 
 ensure_packages() {  # ensure_packages [PACKAGE...]: MHA_PACKAGES by default
