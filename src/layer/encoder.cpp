@@ -85,7 +85,7 @@ double EncoderLayer::flops(const LayerForward &p) const {
 
 void EncoderLayer::forward(Runtime &rt, const LayerForward &p, const float *x, float *out) const {
     const Impl &m = *impl_;
-    const int64_t E = m.cfg.attention.embed_dim, F = m.cfg.ffn_dim;
+    const int64_t E = m.cfg.attention.embed_dim;
     if (p.weights) invalid_argument("weights must be NULL: the encoder layer does not return attention weights");
     detail::check_size("batch", p.batch);
     detail::check_size("q_len", p.q_len);
@@ -100,10 +100,7 @@ void EncoderLayer::forward(Runtime &rt, const LayerForward &p, const float *x, f
 void EncoderLayer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const {
     const Impl &m = *impl_;
     const int64_t E = m.cfg.attention.embed_dim;
-    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
-    if (p.num_seqs > 0) detail::check_not_null("offsets", p.offsets);
-    const int64_t tokens = p.num_seqs > 0 ? p.offsets[p.num_seqs] : 0;
-    if (tokens < 0) invalid_argument("offsets[num_seqs] = " + std::to_string(tokens) + " is negative");
+    const int64_t tokens = detail::check_offsets("offsets", p.offsets, p.num_seqs);
     if (tokens) {
         detail::check_matrix("x", "embed_dim", x, tokens, E, E);
         detail::check_matrix("out", "embed_dim", out, tokens, E, E);

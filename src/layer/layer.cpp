@@ -341,22 +341,14 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
                          " but the layer has " + std::to_string(c.num_kv_heads) + ", " + std::to_string(c.head_dim) +
                          ", " + std::to_string(c.value_dim));
     kc.check_runtime(st);
-    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
-    if (p.num_seqs > 0) {
-        detail::check_not_null("seq_ids", p.seq_ids);
-        detail::check_not_null("q_offsets", p.q_offsets);
-    }
-    if (p.num_seqs > 0 && p.q_offsets[0] != 0)
-        invalid_argument("q_offsets[0] = " + std::to_string(p.q_offsets[0]) + " must be 0");
+    const int64_t tokens = detail::check_offsets("q_offsets", p.q_offsets, p.num_seqs);
+    if (p.num_seqs > 0) detail::check_not_null("seq_ids", p.seq_ids);
     std::unordered_set<int64_t> seen;
     for (int64_t s = 0; s < p.num_seqs; ++s) {
-        if (p.q_offsets[s + 1] < p.q_offsets[s])
-            invalid_argument("q_offsets decreases at [" + std::to_string(s + 1) + "]");
         if (p.seq_ids[s] < 0) invalid_argument("seq_ids[" + std::to_string(s) + "] = " + std::to_string(p.seq_ids[s]) + " is negative");
         if (!seen.insert(p.seq_ids[s]).second)
             invalid_argument("seq_ids[" + std::to_string(s) + "] = " + std::to_string(p.seq_ids[s]) + " appears twice");
     }
-    const int64_t tokens = p.num_seqs > 0 ? p.q_offsets[p.num_seqs] : 0;
     if (tokens) {
         detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
@@ -389,15 +381,7 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
     const LayerConfig &c = m.cfg;
     auto &st = rt.state();
     if (!m.fused) invalid_argument("forward_varlen needs a self-attention layer (kdim = vdim = embed_dim)");
-    if (p.num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(p.num_seqs) + " is negative");
-    if (p.num_seqs > 0) {
-        detail::check_not_null("offsets", p.offsets);
-        if (p.offsets[0] != 0) invalid_argument("offsets[0] = " + std::to_string(p.offsets[0]) + " must be 0");
-    }
-    for (int64_t s = 0; s < p.num_seqs; ++s)
-        if (p.offsets[s + 1] < p.offsets[s])
-            invalid_argument("offsets decreases: [" + std::to_string(s + 1) + "] = " + std::to_string(p.offsets[s + 1]) +
-                             " < [" + std::to_string(s) + "] = " + std::to_string(p.offsets[s]));
+    const int64_t tokens = detail::check_offsets("offsets", p.offsets, p.num_seqs);
     VarlenParams ap;
     ap.num_seqs = p.num_seqs;
     ap.q_offsets = ap.kv_offsets = p.offsets;
@@ -412,7 +396,6 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
     const float none = 0.0f;
     float sink = 0.0f;
     attention_varlen_validate(ap, &none, &none, &none, &sink);
-    const int64_t tokens = p.num_seqs > 0 ? p.offsets[p.num_seqs] : 0;
     if (tokens) {
         detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);

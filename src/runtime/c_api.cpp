@@ -78,6 +78,14 @@ mha_status cache_query(const mha_kv_cache *cache, T *out, const char *out_name, 
     });
 }
 
+// A C caller may store any int in an mha_dtype field: read it as its integer (loading an enum out
+// of its range is undefined in C++); the layer and the cache refuse unknown values.
+mha::DType dtype_of(const mha_dtype *field) {
+    std::underlying_type_t<mha_dtype> v;
+    std::memcpy(&v, field, sizeof v);
+    return static_cast<mha::DType>(v);
+}
+
 mha::LayerConfig layer_config(const mha_layer_config *c) {
     if (!c) mha::invalid_argument("config is NULL");
     mha::LayerConfig l;
@@ -88,11 +96,7 @@ mha::LayerConfig layer_config(const mha_layer_config *c) {
     l.value_dim = c->value_dim;
     l.kdim = c->kdim;
     l.vdim = c->vdim;
-    // A C caller may store any int in the enum field: read it as its integer (loading an enum out
-    // of its range is undefined in C++); resolved() refuses unknown values.
-    std::underlying_type_t<mha_dtype> dtype;
-    std::memcpy(&dtype, &c->weight_dtype, sizeof dtype);
-    l.weight_dtype = static_cast<mha::DType>(dtype);
+    l.weight_dtype = dtype_of(&c->weight_dtype);
     l.norm = static_cast<mha::Norm>(c->norm);
     l.norm_eps = c->norm_eps;
     return l;
@@ -212,7 +216,7 @@ mha_status mha_layer_weights_from_in_proj(const mha_layer_config *config, const 
         const auto w = mha::LayerWeights::from_in_proj(layer_config(config), in_proj_weight, in_proj_bias,
                                                        out_proj_weight, out_proj_bias);
         *out = mha_layer_weights{w.q_weight, w.k_weight, w.v_weight, w.out_weight,
-                                 w.q_bias,   w.k_bias,   w.v_bias,   w.out_bias};
+                                 w.q_bias,   w.k_bias,   w.v_bias,   w.out_bias, w.norm_weight, w.norm_bias};
     });
 }
 
@@ -322,11 +326,7 @@ mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *confi
         c.value_dim = config->value_dim;
         c.block_tokens = config->block_tokens;
         c.max_tokens = config->max_tokens;
-        // A C caller may pass any int here: read it as its underlying type (loading an enum out
-        // of its range is undefined in C++), and let the cache refuse unknown values.
-        std::underlying_type_t<mha_dtype> dtype;
-        std::memcpy(&dtype, &config->dtype, sizeof dtype);
-        c.dtype = static_cast<mha::DType>(dtype);
+        c.dtype = dtype_of(&config->dtype);
         *out = new mha_kv_cache(r, c);
     });
 }

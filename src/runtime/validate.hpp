@@ -35,4 +35,19 @@ inline void check_not_null(const char *name, const void *p) {
     if (!p) invalid_argument(std::string(name) + " is NULL");
 }
 
+// Checks the row offsets of a ragged batch, offsets[0..num_seqs] (named `name`): num_seqs >= 0,
+// offsets[0] == 0, never decreasing (NULL only for an empty batch). Returns the total row count.
+inline int64_t check_offsets(const char *name, const int64_t *offsets, int64_t num_seqs) {
+    if (num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(num_seqs) + " is negative");
+    if (!offsets && num_seqs == 0) return 0;
+    check_not_null(name, offsets);
+    if (offsets[0] != 0) invalid_argument(std::string(name) + "[0] = " + std::to_string(offsets[0]) + " must be 0");
+    for (int64_t s = 0; s < num_seqs; ++s)
+        if (offsets[s + 1] < offsets[s])
+            invalid_argument(std::string(name) + " decreases: [" + std::to_string(s + 1) + "] = " +
+                             std::to_string(offsets[s + 1]) + " < [" + std::to_string(s) + "] = " +
+                             std::to_string(offsets[s]));
+    return offsets[num_seqs];
+}
+
 } // namespace mha::detail

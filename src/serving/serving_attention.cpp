@@ -11,6 +11,7 @@
 #include "mha/error.hpp"
 #include "mha/serving.hpp"
 #include "runtime/runtime_state.hpp"
+#include "runtime/validate.hpp"
 #include "serving/kv_cache_impl.hpp"
 
 namespace mha {
@@ -20,18 +21,6 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 void positive(const char *name, int64_t x) {
     if (x <= 0) invalid_argument(std::string(name) + " = " + str(x) + " must be positive");
-}
-
-// Checks offsets[0..num_seqs] (named `name`): starts at 0, never decreases. Returns the total.
-int64_t check_offsets(const char *name, const int64_t *offsets, int64_t num_seqs) {
-    if (!offsets && num_seqs == 0) return 0;  // an empty batch needs no offsets
-    if (!offsets) invalid_argument(std::string(name) + " is NULL");
-    if (offsets[0] != 0) invalid_argument(std::string(name) + "[0] = " + str(offsets[0]) + " must be 0");
-    for (int64_t s = 0; s < num_seqs; ++s)
-        if (offsets[s + 1] < offsets[s])
-            invalid_argument(std::string(name) + " decreases: [" + str(s + 1) + "] = " + str(offsets[s + 1]) + " < [" +
-                             str(s) + "] = " + str(offsets[s]));
-    return offsets[num_seqs];
 }
 
 // Checks that rows x width floats (rows `ld` apart) fit in int64 and that data is not NULL when
@@ -81,15 +70,14 @@ int64_t row_stride(const char *name, int64_t stride, int64_t width) {
 
 void attention_varlen_validate(const VarlenParams &p, const float *q, const float *k, const float *v,
                                const float *out) {
-    if (p.num_seqs < 0) invalid_argument("num_seqs = " + str(p.num_seqs) + " is negative");
     positive("num_heads", p.num_heads);
     positive("num_kv_heads", p.num_kv_heads);
     positive("head_dim", p.head_dim);
     positive("value_dim", p.value_dim);
     if (p.num_heads % p.num_kv_heads != 0)
         invalid_argument("num_heads = " + str(p.num_heads) + " is not a multiple of num_kv_heads = " + str(p.num_kv_heads));
-    const int64_t total_q = check_offsets("q_offsets", p.q_offsets, p.num_seqs);
-    const int64_t total_kv = check_offsets("kv_offsets", p.kv_offsets, p.num_seqs);
+    const int64_t total_q = detail::check_offsets("q_offsets", p.q_offsets, p.num_seqs);
+    const int64_t total_kv = detail::check_offsets("kv_offsets", p.kv_offsets, p.num_seqs);
     const int64_t wq = checked_mul(p.num_heads, p.head_dim, "q"), wk = checked_mul(p.num_kv_heads, p.head_dim, "k"),
                   wv = checked_mul(p.num_kv_heads, p.value_dim, "v"), wo = checked_mul(p.num_heads, p.value_dim, "out");
     check_tensor("q", q, total_q, wq, row_stride("q_stride", p.q_stride, wq));
@@ -120,13 +108,12 @@ void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, 
     const KVCacheConfig &cfg = c.cfg;
     auto &st = rt.state();
     c.check_runtime(st);
-    if (p.num_seqs < 0) invalid_argument("num_seqs = " + str(p.num_seqs) + " is negative");
     positive("num_heads", p.num_heads);
     if (p.num_heads % cfg.num_kv_heads != 0)
         invalid_argument("num_heads = " + str(p.num_heads) + " is not a multiple of the cache's num_kv_heads = " +
                          str(cfg.num_kv_heads));
     if (p.num_seqs > 0 && !p.seq_ids) invalid_argument("seq_ids is NULL");
-    const int64_t total_q = check_offsets("q_offsets", p.q_offsets, p.num_seqs);
+    const int64_t total_q = detail::check_offsets("q_offsets", p.q_offsets, p.num_seqs);
     const int64_t wq = checked_mul(p.num_heads, cfg.head_dim, "q"), wo = checked_mul(p.num_heads, cfg.value_dim, "out");
     if (p.q_stride < 0 || (p.q_stride != 0 && p.q_stride < wq))
         invalid_argument("q_stride = " + str(p.q_stride) + " must be 0 (dense) or >= " + str(wq));
