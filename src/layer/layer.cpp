@@ -354,7 +354,10 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
     }
     const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
-    m.self_rows(st, tokens, x, out, [&](const float *qkv, float *os) {
+    // Whatever fails after the append (the memory for the attention or the output projection)
+    // takes it back, so a failed call leaves the cache as it found it.
+    KVCache::Impl::AppendUndo appended;
+    auto append_and_attend = [&](const float *qkv, float *os) {
         // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
         std::vector<KVCache::Impl::Append> appends;
         for (int64_t s = 0; s < p.num_seqs; ++s) {
@@ -362,7 +365,7 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
             appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row + m.k_off, row + m.v_off,
                                m.qkv_width, m.qkv_width});
         }
-        kc.append_all(appends);
+        appended = kc.append_all(appends);
         if (!tokens) return;
         CachedParams ap;
         ap.num_seqs = p.num_seqs;
@@ -373,7 +376,13 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
         ap.q_stride = m.qkv_width;
         ap.out_stride = Hq;
         attention_cached(rt, cache, ap, qkv, os);
-    });
+    };
+    try {
+        m.self_rows(st, tokens, x, out, append_and_attend);
+    } catch (...) {
+        kc.undo(appended);
+        throw;
+    }
 }
 
 void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float *x, float *out) const {

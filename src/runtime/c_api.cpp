@@ -38,22 +38,33 @@ namespace {
 
 thread_local std::string g_last_error;
 
+// Keeping the message may itself need memory; when it cannot, a short message that fits the
+// string's inline buffer (no allocation) says what happened instead, so no error path throws.
+void record_error(const char *prefix, const char *what) noexcept {
+    try {
+        g_last_error = prefix;
+        g_last_error += what;
+    } catch (...) {
+        g_last_error = "out of memory";
+    }
+}
+
 template <class Fn>
 mha_status guarded(Fn &&fn) noexcept {
     try {
         fn();
         return MHA_OK;
     } catch (const mha::Error &e) {
-        g_last_error = e.what();
+        record_error("", e.what());
         return static_cast<mha_status>(e.status());
     } catch (const std::bad_alloc &) {
-        g_last_error = "out of memory";
+        record_error("", "out of memory");
         return MHA_OUT_OF_MEMORY;
     } catch (const std::exception &e) {
-        g_last_error = std::string("internal error: ") + e.what();
+        record_error("internal error: ", e.what());
         return MHA_INTERNAL;
     } catch (...) {
-        g_last_error = "internal error: unknown exception";
+        record_error("internal error: ", "unknown exception");
         return MHA_INTERNAL;
     }
 }

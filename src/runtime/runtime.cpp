@@ -2,24 +2,33 @@
 
 #include <tbb/info.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <string>
 #include <thread>
 
+#include "runtime/memory.hpp"
+
 namespace mha {
 namespace detail {
 
-AlignedBuffer::AlignedBuffer(size_t count) { reserve(count); }
+void *allocate_aligned(size_t bytes, size_t align, const char *what) {
+    if (bytes > SIZE_MAX - align) throw Error(Status::out_of_memory, std::string(what) + ": size overflows");
+    bytes = (bytes + align - 1) / align * align;
+    try {
+        return ::operator new(bytes, std::align_val_t(align));
+    } catch (const std::bad_alloc &) {
+        throw Error(Status::out_of_memory, "out of memory allocating " + std::to_string(bytes) + " bytes of " + what);
+    }
+}
 
-void AlignedBuffer::Free::operator()(float *p) const noexcept { std::free(p); }
+AlignedBuffer::AlignedBuffer(size_t count) { reserve(count); }
 
 void AlignedBuffer::reserve(size_t count) {
     if (count <= size_) return;
-    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
-    float *p = static_cast<float *>(std::aligned_alloc(64, bytes));
-    if (!p) throw Error(Status::out_of_memory, "out of memory allocating " + std::to_string(bytes) + " bytes of scratch");
-    data_.reset(p);
+    if (count > SIZE_MAX / sizeof(float) - 64) throw Error(Status::out_of_memory, "scratch of " + std::to_string(count) + " floats is too large");
+    data_ = make_aligned<float>(count, 64, "scratch");
     size_ = count;
 }
 
@@ -27,13 +36,24 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
     std::unique_ptr<AlignedBuffer> buf;
     {
         std::lock_guard lock(mutex_);
+        // Room for every buffer to come back, made now: give_back runs in a destructor and must
+        // not allocate.
+        free_.reserve(free_.size() + lent_ + 1);
         if (!free_.empty()) {
             buf = std::move(free_.back());
             free_.pop_back();
         }
+        ++lent_;
     }
-    if (!buf) buf = std::make_unique<AlignedBuffer>();
-    buf->reserve(count);
+    try {
+        if (!buf) buf = std::make_unique<AlignedBuffer>();
+        buf->reserve(count);
+    } catch (...) {
+        std::lock_guard lock(mutex_);
+        --lent_;
+        if (buf) free_.push_back(std::move(buf));  // within the capacity reserved above
+        throw;
+    }
     return Lease(*this, std::move(buf));
 }
 
@@ -46,7 +66,8 @@ size_t BufferPool::bytes() {
 
 void BufferPool::give_back(std::unique_ptr<AlignedBuffer> buf) {
     std::lock_guard lock(mutex_);
-    free_.push_back(std::move(buf));
+    --lent_;
+    free_.push_back(std::move(buf));  // never reallocates: borrow reserved the room
 }
 
 int RuntimeState::this_thread_slot() { return tbb::this_task_arena::current_thread_index(); }

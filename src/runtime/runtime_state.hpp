@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gemm/sgemm_kernels.hpp"
+#include "runtime/memory.hpp"
 #include "softmax/softmax_table.hpp"
 #include "mha/runtime.hpp"
 
@@ -25,8 +26,7 @@ public:
     void reserve(size_t count);
 
 private:
-    struct Free { void operator()(float *p) const noexcept; };
-    std::unique_ptr<float, Free> data_;
+    AlignedPtr<float> data_;
     size_t size_ = 0;
 };
 
@@ -52,6 +52,7 @@ private:
     void give_back(std::unique_ptr<AlignedBuffer> buf);
     std::mutex mutex_;
     std::vector<std::unique_ptr<AlignedBuffer>> free_;
+    size_t lent_ = 0;  // buffers out on loan
 };
 
 struct RuntimeState {

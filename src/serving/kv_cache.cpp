@@ -76,8 +76,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.cfg = cfg;
     constexpr size_t kHuge = size_t{2} << 20;
     const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    c.pool.reset(static_cast<float *>(std::aligned_alloc(kHuge, bytes)));
-    if (!c.pool) throw Error(Status::out_of_memory, "kv cache: out of memory allocating " + str(floats * 4) + " bytes");
+    c.pool = detail::make_aligned<float>(bytes / sizeof(float), kHuge, "kv cache blocks");
     madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
     std::memset(c.pool.get(), 0, bytes);
     c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
@@ -86,8 +85,6 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
 }
 
 KVCache::~KVCache() = default;
-
-void KVCache::Impl::Free::operator()(float *p) const noexcept { std::free(p); }
 
 const KVCacheConfig &KVCache::config() const { return impl_->cfg; }
 
@@ -107,7 +104,7 @@ const KVCache::Impl::Seq &KVCache::Impl::find(int64_t seq_id, const char *what) 
     return it->second;
 }
 
-void KVCache::Impl::append_all(std::span<const Append> appends) {
+KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appends) {
     const int64_t bt = cfg.block_tokens, D = cfg.head_dim, Dv = cfg.value_dim, H = cfg.num_kv_heads;
     std::unique_lock lock(mutex);
     // Count every block first: appending to some sequences and not others is never an outcome.
@@ -124,25 +121,52 @@ void KVCache::Impl::append_all(std::span<const Append> appends) {
         throw Error(Status::out_of_memory, "kv cache: the append needs " + str(need) + " free blocks of " + str(bt) +
                                                " tokens but " + str(static_cast<int64_t>(free_blocks.size())) +
                                                " are free; nothing was appended");
+    // Everything that allocates happens first, with nothing visible changed: the new ids' entries
+    // (in a map of their own) and each sequence's new block table, sized for its final length.
+    std::unordered_map<int64_t, Seq> fresh;
+    AppendUndo u;
+    std::vector<std::vector<int32_t>> &tables = u.old_blocks;  // the new tables, then (swapped) the old
+    tables.resize(appends.size());
+    u.ids.reserve(appends.size());
+    u.old_lens.reserve(appends.size());
+    for (size_t i = 0; i < appends.size(); ++i) {
+        const Append &a = appends[i];
+        const auto it = seqs.find(a.seq);
+        u.ids.push_back(a.seq);
+        u.old_lens.push_back(it == seqs.end() ? 0 : it->second.len);
+        if (it == seqs.end()) {  // a new id starts an empty sequence
+            fresh.try_emplace(a.seq);
+            u.created.push_back(a.seq);
+        }
+        if (a.n == 0) continue;
+        const int64_t len = it == seqs.end() ? 0 : it->second.len;
+        tables[i].reserve(static_cast<size_t>((len + a.n + bt - 1) / bt));
+        if (it != seqs.end()) tables[i].assign(it->second.blocks.begin(), it->second.blocks.end());
+    }
+    seqs.reserve(seqs.size() + fresh.size());
+    // From here on nothing allocates or throws: the new entries move in as nodes, without a rehash.
+    while (!fresh.empty()) seqs.insert(fresh.extract(fresh.begin()));
     auto take = [&] {
         const int32_t id = free_blocks.back();
         free_blocks.pop_back();
         refs[static_cast<size_t>(id)] = 1;
         return id;
     };
-    for (const Append &a : appends) {
-        Seq &s = seqs[a.seq];  // a new id starts an empty sequence
+    for (size_t i = 0; i < appends.size(); ++i) {
+        const Append &a = appends[i];
         if (a.n == 0) continue;
-        if (s.len % bt != 0 && refs[static_cast<size_t>(s.blocks.back())] > 1) {
-            const int32_t old = s.blocks.back(), copy = take();
+        Seq &s = seqs.find(a.seq)->second;
+        std::vector<int32_t> &blocks = tables[i];
+        if (s.len % bt != 0 && refs[static_cast<size_t>(blocks.back())] > 1) {
+            const int32_t old = blocks.back(), copy = take();
             std::memcpy(block(copy), block(old), static_cast<size_t>(block_floats) * sizeof(float));
             --refs[static_cast<size_t>(old)];
-            s.blocks.back() = copy;
+            blocks.back() = copy;
         }
         for (int64_t t = 0; t < a.n; ++t) {
             const int64_t pos = s.len + t, o = pos % bt;
-            if (o == 0) s.blocks.push_back(take());
-            float *blk = block(s.blocks.back());
+            if (o == 0) blocks.push_back(take());  // within the capacity reserved above
+            float *blk = block(blocks.back());
             for (int64_t h = 0; h < H; ++h) {
                 // K: token o is lane o % NR of panel o / NR, one value per depth step.
                 float *kd = blk + h * k_head + o / nr * nr * D + o % nr;
@@ -155,8 +179,32 @@ void KVCache::Impl::append_all(std::span<const Append> appends) {
                     std::memcpy(vd + c0 / nr * v_panel, vs + c0, static_cast<size_t>(std::min(nr, Dv - c0)) * sizeof(float));
             }
         }
+        s.blocks.swap(blocks);
         s.len += a.n;
     }
+    return u;
+}
+
+void KVCache::Impl::undo(AppendUndo &u) noexcept {
+    std::unique_lock lock(mutex);
+    auto drop = [&](int32_t b) {
+        if (--refs[static_cast<size_t>(b)] == 0) free_blocks.push_back(b);  // never past num_blocks: no reallocation
+    };
+    for (size_t i = 0; i < u.ids.size(); ++i) {
+        const auto it = seqs.find(u.ids[i]);
+        if (it == seqs.end() || it->second.len == u.old_lens[i]) continue;  // nothing appended to it
+        std::vector<int32_t> &now = it->second.blocks, &old = u.old_blocks[i];
+        for (size_t j = 0; j < now.size(); ++j) {
+            if (j < old.size() && now[j] == old[j]) continue;
+            drop(now[j]);                                      // a new block, or the private copy of a shared one
+            if (j < old.size()) ++refs[static_cast<size_t>(old[j])];  // which it shares again
+        }
+        now.swap(old);
+        it->second.len = u.old_lens[i];
+    }
+    for (int64_t id : u.created) seqs.erase(id);
+    std::sort(free_blocks.begin(), free_blocks.end(), std::greater<>());  // as release keeps them
+    u = AppendUndo{};
 }
 
 void KVCache::append(int64_t seq_id, int64_t n_tokens, const float *k, const float *v) {
@@ -178,9 +226,9 @@ void KVCache::fork(int64_t src_seq, int64_t dst_seq) {
     const Impl::Seq &src = c.find(src_seq, "src_seq");
     if (dst_seq < 0) invalid_argument("dst_seq = " + str(dst_seq) + " is negative");
     if (c.seqs.count(dst_seq)) invalid_argument("dst_seq = " + str(dst_seq) + " is already a sequence of the kv cache");
-    for (int32_t b : src.blocks) ++c.refs[static_cast<size_t>(b)];
-    Impl::Seq copy = src;
-    c.seqs.emplace(dst_seq, std::move(copy));
+    Impl::Seq copy = src;  // may throw, and then nothing has changed
+    const auto &dst = c.seqs.emplace(dst_seq, std::move(copy)).first->second;
+    for (int32_t b : dst.blocks) ++c.refs[static_cast<size_t>(b)];
 }
 
 void KVCache::release(int64_t seq_id) {

@@ -32,10 +32,7 @@ struct KVCache::Impl {
     std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
     int64_t nr = 0, block_k = 0, kv_chunk = 0;
     int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, v_panel = 0, num_blocks = 0;
-    struct Free {
-        void operator()(float *p) const noexcept;
-    };
-    std::unique_ptr<float, Free> pool;
+    detail::AlignedPtr<float> pool;
 
     mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
     std::vector<int32_t> refs;        // per block: how many sequences hold it
@@ -52,9 +49,18 @@ struct KVCache::Impl {
         const float *k = nullptr, *v = nullptr;
         int64_t ldk = 0, ldv = 0;
     };
-    // Appends to every sequence, or (not enough free blocks: Error(out_of_memory)) to none. The
-    // sequences must be distinct.
-    void append_all(std::span<const Append> appends);
+    // What append_all changed, so that undo() can put it back exactly (the sequences' lengths and
+    // block tables, the ids it created, and so the free blocks).
+    struct AppendUndo {
+        std::vector<int64_t> ids, old_lens, created;
+        std::vector<std::vector<int32_t>> old_blocks;
+    };
+    // Appends to every sequence, or (not enough free blocks: Error(out_of_memory), or the memory
+    // for its own bookkeeping missing: std::bad_alloc) to none. The sequences must be distinct.
+    AppendUndo append_all(std::span<const Append> appends);
+    // Takes back an append_all whose sequences nobody has written since (a caller that fails after
+    // appending, such as the layer's forward_cached). Allocates nothing.
+    void undo(AppendUndo &u) noexcept;
 
     // Throws unless rt runs the microkernel and attention tiles the cache was laid out for.
     void check_runtime(const detail::RuntimeState &st) const;
