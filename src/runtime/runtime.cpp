@@ -39,9 +39,19 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
         // Room for every buffer to come back, made now: give_back runs in a destructor and must
         // not allocate.
         free_.reserve(free_.size() + lent_ + 1);
-        if (!free_.empty()) {
-            buf = std::move(free_.back());
-            free_.pop_back();
+        // The smallest free buffer that holds count floats, else the largest (which then grows):
+        // buffers only grow when no free one is large enough, so their total stays near what the
+        // largest calls running at the same time need, however calls and buffers pair up.
+        auto pick = free_.end();
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            const bool fits = (*it)->size() >= count;
+            if (pick == free_.end() || (fits && ((*pick)->size() < count || (*it)->size() < (*pick)->size())) ||
+                (!fits && (*pick)->size() < count && (*it)->size() > (*pick)->size()))
+                pick = it;
+        }
+        if (pick != free_.end()) {
+            buf = std::move(*pick);
+            free_.erase(pick);
         }
         ++lent_;
     }
