@@ -1,7 +1,12 @@
 // The C ABI: statuses, per-thread messages, and bad input that must leave C untouched.
 #include <doctest/doctest.h>
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,4 +123,65 @@ TEST_CASE("mha_last_error is per thread") {
     t.join();
     CHECK(contains(mha_last_error(), "transa"));
     CHECK(contains(other.c_str(), "m = -5"));
+}
+
+namespace {
+
+// A host thread that calls mha_sgemm over and over, checking each result, until it is cancelled.
+struct CancelledCaller {
+    mha_runtime *rt = nullptr;
+    int64_t n = 0;
+    const float *a = nullptr, *expected = nullptr;
+    std::vector<float> c;
+    std::atomic<int> completed{0}, wrong{0};
+    std::atomic<bool> in_call{false}, cancelled_in_call{false};
+
+    static void *body(void *arg) {
+        auto &self = *static_cast<CancelledCaller *>(arg);
+        struct OnUnwind {  // runs as the cancellation unwinds the thread
+            CancelledCaller &s;
+            ~OnUnwind() { s.cancelled_in_call = s.in_call.load(); }
+        } on_unwind{self};
+        for (;;) {
+            std::fill(self.c.begin(), self.c.end(), -1.0f);
+            self.in_call = true;
+            const mha_status st = mha_sgemm(self.rt, 'N', 'N', self.n, self.n, self.n, 1.0f, self.a, self.n, self.a,
+                                             self.n, 0.0f, self.c.data(), self.n);
+            self.in_call = false;
+            if (st != MHA_OK || std::memcmp(self.c.data(), self.expected, self.c.size() * sizeof(float)) != 0) ++self.wrong;
+            ++self.completed;
+            pthread_testcancel();
+        }
+        return nullptr;
+    }
+};
+
+} // namespace
+
+TEST_CASE("a host thread cancelled during a call: the call runs to its end, the cancel acts after it") {
+    RuntimeGuard g(2);
+    const int64_t n = 256;
+    std::vector<float> a(n * n), expected(n * n);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 17) * 0.125f - 1.0f;
+    REQUIRE(mha_sgemm(g.rt, 'N', 'N', n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, expected.data(), n) == MHA_OK);
+    CancelledCaller caller;
+    caller.rt = g.rt;
+    caller.n = n;
+    caller.a = a.data();
+    caller.expected = expected.data();
+    caller.c.resize(static_cast<size_t>(n * n));
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, nullptr, &CancelledCaller::body, &caller) == 0);
+    while (caller.completed < 3) std::this_thread::yield();
+    while (!caller.in_call) std::this_thread::yield();  // cancel it in the middle of a call
+    REQUIRE(pthread_cancel(thread) == 0);
+    void *result = nullptr;
+    REQUIRE(pthread_join(thread, &result) == 0);
+    CHECK(result == PTHREAD_CANCELED);
+    CHECK_FALSE(caller.cancelled_in_call.load());
+    CHECK(caller.wrong == 0);
+    // The runtime serves the next call as before.
+    std::vector<float> c(n * n);
+    REQUIRE(mha_sgemm(g.rt, 'N', 'N', n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n) == MHA_OK);
+    CHECK(std::memcmp(c.data(), expected.data(), c.size() * sizeof(float)) == 0);
 }

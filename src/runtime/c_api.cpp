@@ -1,5 +1,7 @@
 // The C ABI: a thin layer over the C++ API. Every entry catches everything, so no exception
 // crosses into C, and records the message for mha_last_error() on the calling thread.
+#include <pthread.h>
+
 #include <cstring>
 #include <new>
 #include <string>
@@ -49,8 +51,23 @@ void record_error(const char *prefix, const char *what) noexcept {
     }
 }
 
+// A call runs to its end even when its host thread is cancelled meanwhile: cancellation is held
+// off for the call (a deferred cancel then acts at the caller's next cancellation point), as no
+// cancellation may unwind through the runtime's locks and arena.
+class CancellationHeldOff {
+public:
+    CancellationHeldOff() noexcept { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_); }
+    ~CancellationHeldOff() { pthread_setcancelstate(old_, &old_); }
+    CancellationHeldOff(const CancellationHeldOff &) = delete;
+    CancellationHeldOff &operator=(const CancellationHeldOff &) = delete;
+
+private:
+    int old_ = PTHREAD_CANCEL_ENABLE;
+};
+
 template <class Fn>
 mha_status guarded(Fn &&fn) noexcept {
+    const CancellationHeldOff no_cancel;
     try {
         fn();
         return MHA_OK;
