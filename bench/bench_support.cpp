@@ -169,8 +169,10 @@ std::vector<double> torch_layer_ms(int threads, const std::vector<LayerShape> &s
         *why = "no /usr/bin/python3 or no " + script;
         return {};
     }
-    std::string cmd = "/usr/bin/python3 '" + script + "' --threads " + std::to_string(threads) + " --budget " +
-                      std::to_string(budget_s);
+    // Its thread counts pinned before torch loads (the script sets them too when they are unset).
+    const std::string n = std::to_string(threads);
+    std::string cmd = "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n + " MKL_NUM_THREADS=" + n +
+                      " /usr/bin/python3 '" + script + "' --threads " + n + " --budget " + std::to_string(budget_s);
     for (const auto &s : shapes) cmd += " " + s.torch_str();
     cmd += " 2>/dev/null";
     FILE *pipe = popen(cmd.c_str(), "r");
@@ -286,16 +288,17 @@ void dnnl_encoder_layer(int, const EncoderShape &, bool, bool, float, const floa
 }
 #endif
 
-TorchEncoder::TorchEncoder(int threads, const std::vector<EncoderShape> &shapes) {
-    std::string script = MHA_BENCH_DIR "/torch_encoder.py";  // the source tree, else the installed copy
-    if (access(script.c_str(), R_OK) != 0) script = MHA_DATA_DIR "/torch_encoder.py";
-    if (const char *env = std::getenv("MHA_TORCH_ENCODER_SCRIPT")) script = env;
+TorchAnchor::TorchAnchor(const char *script_name, const char *env_override, int threads,
+                         const std::vector<std::string> &shapes) {
+    std::string script = std::string(MHA_BENCH_DIR "/") + script_name;  // the source tree, else the installed copy
+    if (access(script.c_str(), R_OK) != 0) script = std::string(MHA_DATA_DIR "/") + script_name;
+    if (const char *env = std::getenv(env_override)) script = env;
     if (access("/usr/bin/python3", X_OK) != 0 || access(script.c_str(), R_OK) != 0) {
         why_ = "no /usr/bin/python3 or no " + script;
         return;
     }
     std::vector<std::string> args = {"/usr/bin/python3", script, "--threads", std::to_string(threads), "--serve"};
-    for (const auto &s : shapes) args.push_back(s.torch_str());
+    for (const auto &s : shapes) args.push_back(s);
     std::vector<char *> argv;
     for (auto &a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -361,7 +364,7 @@ TorchEncoder::TorchEncoder(int threads, const std::vector<EncoderShape> &shapes)
     ok_ = true;
 }
 
-TorchEncoder::~TorchEncoder() {
+TorchAnchor::~TorchAnchor() {
     if (to_) {
         std::fputs("quit\n", to_);
         std::fclose(to_);
@@ -373,20 +376,25 @@ TorchEncoder::~TorchEncoder() {
     }
 }
 
-bool TorchEncoder::fast_path(const EncoderShape &s) const {
-    const auto it = fast_.find(s.torch_str());
+bool TorchAnchor::fast_path(const std::string &shape) const {
+    const auto it = fast_.find(shape);
     return it != fast_.end() && it->second;
 }
 
-double TorchEncoder::run_ms(const EncoderShape &s) {
+TorchAnchor::Timing TorchAnchor::run(const std::string &shape) {
     if (!ok_) throw std::runtime_error("PyTorch anchor: " + why_);
     char buf[256];
-    if (std::fprintf(to_, "%s\n", s.torch_str().c_str()) < 0 || std::fflush(to_) != 0 || !std::fgets(buf, sizeof buf, from_)) {
+    if (std::fprintf(to_, "%s\n", shape.c_str()) < 0 || std::fflush(to_) != 0 || !std::fgets(buf, sizeof buf, from_)) {
         ok_ = false;
-        why_ = "bench/torch_encoder.py stopped answering";
+        why_ = "the PyTorch script stopped answering";
         throw std::runtime_error("PyTorch anchor: " + why_);
     }
-    return std::strtod(buf, nullptr);
+    // "<wall ms> <cpu ms>"
+    Timing t;
+    char *end = nullptr;
+    t.ms = std::strtod(buf, &end);
+    t.cpu_ms = std::strtod(end, nullptr);
+    return t;
 }
 
 std::string DecodeShape::str() const {
@@ -615,18 +623,38 @@ void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t
 #endif
 }
 
-std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps) {
+namespace {
+
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+} // namespace
+
+std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps,
+                                     std::vector<double> *cpu_per_wall) {
     using clock = std::chrono::steady_clock;
     for (const auto &fn : fns) fn();  // warm-up
     std::vector<std::vector<double>> t(fns.size());
+    std::vector<double> cpu(fns.size(), 0.0), wall(fns.size(), 0.0);
     const auto start = clock::now();
     for (int rep = 0; rep < min_reps || (std::chrono::duration<double>(clock::now() - start).count() < budget_s && rep < 1000);
          ++rep)
         for (size_t i = 0; i < fns.size(); ++i) {
+            const double c0 = process_cpu_seconds();
             const auto t0 = clock::now();
             fns[i]();
-            t[i].push_back(std::chrono::duration<double>(clock::now() - t0).count());
+            const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+            cpu[i] += process_cpu_seconds() - c0;
+            wall[i] += dt;
+            t[i].push_back(dt);
         }
+    if (cpu_per_wall) {
+        cpu_per_wall->clear();
+        for (size_t i = 0; i < fns.size(); ++i) cpu_per_wall->push_back(wall[i] > 0 ? cpu[i] / wall[i] : 0.0);
+    }
     std::vector<double> medians;
     for (auto &v : t) {
         std::sort(v.begin(), v.end());

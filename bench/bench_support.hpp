@@ -161,22 +161,27 @@ struct DnnlEncoderScratch {
 void dnnl_encoder_layer(int threads, const EncoderShape &s, bool gelu, bool norm_first, float eps, const float *x,
                         const EncoderTensors &w, float *out, DnnlEncoderScratch &scratch);
 
-// PyTorch's nn.TransformerEncoderLayer run by bench/torch_encoder.py --serve (/usr/bin/python3;
-// MHA_TORCH_ENCODER_SCRIPT overrides the script's path) in a child process on `threads` threads
+// A PyTorch anchor in a child process: bench/<script> --serve (torch_layer.py: nn.MultiheadAttention,
+// torch_encoder.py: nn.TransformerEncoderLayer) run by /usr/bin/python3 on `threads` threads
 // (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set in its environment before torch
-// loads), holding one layer per shape, so that its runs can be interleaved with ours: run_ms runs
-// one forward pass and returns PyTorch's own time of it.
-class TorchEncoder {
+// loads; env_override names a variable that may give the script's path), holding one module per
+// shape (torch_str()), so that its runs can be interleaved with ours: run() runs one forward pass
+// there and returns PyTorch's own wall and CPU time of it (the child's whole process: every thread
+// its libraries start), so the caller can check that it ran on the threads it was given.
+class TorchAnchor {
 public:
-    TorchEncoder(int threads, const std::vector<EncoderShape> &shapes);
-    ~TorchEncoder();
-    TorchEncoder(const TorchEncoder &) = delete;
-    TorchEncoder &operator=(const TorchEncoder &) = delete;
+    struct Timing {
+        double ms = 0, cpu_ms = 0;
+    };
+    TorchAnchor(const char *script, const char *env_override, int threads, const std::vector<std::string> &shapes);
+    ~TorchAnchor();
+    TorchAnchor(const TorchAnchor &) = delete;
+    TorchAnchor &operator=(const TorchAnchor &) = delete;
     bool ok() const { return ok_; }
     const std::string &why() const { return why_; }  // when not ok(): why not
     const std::string &version() const { return version_; }
-    bool fast_path(const EncoderShape &s) const;  // did the profiler see torch._transformer_encoder_layer_fwd
-    double run_ms(const EncoderShape &s);         // throws std::runtime_error if the child has gone
+    bool fast_path(const std::string &shape) const;  // encoder: did the profiler see torch._transformer_encoder_layer_fwd
+    Timing run(const std::string &shape);            // throws std::runtime_error if the child has gone
 
 private:
     bool ok_ = false;
@@ -227,8 +232,12 @@ void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 // Median seconds of each function, timed in turn (a, b, c, a, b, c, ...) so that noise from other
-// tenants of the machine falls on all of them alike; about `budget_s` seconds in all.
-std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps = 3);
+// tenants of the machine falls on all of them alike; about `budget_s` seconds in all. With
+// cpu_per_wall, also each function's process CPU time over its wall time, summed over its timed
+// runs: how many threads it kept busy (an anchor whose library ignores the thread count it was
+// given shows here).
+std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps = 3,
+                                     std::vector<double> *cpu_per_wall = nullptr);
 
 // Median seconds of `fn` over repetitions after a warm-up, running for about `budget_s` seconds.
 double time_median(const std::function<void()> &fn, double budget_s, int min_reps = 3);

@@ -12,8 +12,8 @@ prints one JSON object: {"torch": "<version>", "threads": N, "fast_path": {"<sha
 
 is how mha-bench runs it, so that PyTorch's runs interleave with mha's and oneDNN's: it builds every
 layer, prints one JSON line {"ready": true, "torch": ..., "threads": N, "fast_path": {...}}, then for
-each line "<shape>" read from stdin runs that layer once and prints its time in ms on one line,
-until "quit" or the end of stdin.
+each line "<shape>" read from stdin runs that layer once and prints its wall time and the process's
+CPU time in ms ("<ms> <cpu ms>") on one line, until "quit" or the end of stdin.
 
 Threads: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to --threads before torch
 loads (torch.set_num_threads alone leaves Debian's OpenBLAS on every core), then
@@ -111,9 +111,9 @@ def main():
                 if shape == "quit":
                     break
                 m, x = layers[shape]
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 m(x)
-                print(f"{(time.perf_counter() - t) * 1e3:.6f}", flush=True)
+                print(f"{(time.perf_counter() - t) * 1e3:.6f} {(time.process_time() - c) * 1e3:.6f}", flush=True)
             return
 
         ms = {shape: median_ms(lambda: m(x), args.budget) for shape, (m, x) in layers.items()}

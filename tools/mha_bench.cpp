@@ -48,12 +48,28 @@ struct Row {
     // serving: whether our output has the same bits as each anchor's (anchor -> identical)
     std::vector<std::pair<std::string, bool>> same_bits = {};
     std::string note = {};      // printed at the end of the table row (encoder: the Add & Norm's share)
+    // Process CPU time / wall time over the timed runs: ours, and each anchor's with whether it
+    // ran on the threads it was given (within 0.2); an anchor that did not is printed as invalid.
+    double cpu_per_wall = -1;
+    struct AnchorCpu {
+        std::string name;
+        double cpu_per_wall;
+        int threads;
+        bool valid;
+    };
+    std::vector<AnchorCpu> anchor_cpu = {};
 };
 
 struct Anchor {
     std::string name;
     std::function<void()> run;
+    int threads = 0;  // the threads it is given; 0 = the row's
+    // An anchor timed by another process (PyTorch): run() appends that process's own wall and CPU
+    // time of each run here, and they replace our clock's (which would add the pipe's round trip).
+    std::vector<bench::TorchAnchor::Timing> *own_times = nullptr;
 };
+
+double median_of(std::vector<double> v);
 
 // Times `ours`, every anchor and a probe of the machine's peak in turn, and appends the row: the
 // FMA probe for GFLOP/s rows, the read-bandwidth probe for GB/s rows. The share of the peak
@@ -67,8 +83,27 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
     std::vector<double> probe;
     if (flops) fns.push_back([&] { probe.push_back(bench::fma_probe_gflops(r.threads)); });
     if (bytes) fns.push_back([&] { probe.push_back(bench::read_probe_gbs(r.threads)); });
-    const auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()));
+    std::vector<double> cpu;
+    auto t = bench::time_interleaved(fns, ctx.budget_s() * static_cast<double>(fns.size()), 3, &cpu);
     r.ms = t[0] * 1e3;
+    r.cpu_per_wall = cpu[0];
+    for (size_t i = 0; i < anchors.size(); ++i) {
+        const Anchor &a = anchors[i];
+        double ratio = cpu[i + 1];
+        if (a.own_times && a.own_times->size() > 1) {
+            std::vector<double> ms;
+            double cpu_ms = 0, wall_ms = 0;
+            for (size_t j = 1; j < a.own_times->size(); ++j) {  // the first was the warm-up
+                ms.push_back((*a.own_times)[j].ms);
+                wall_ms += (*a.own_times)[j].ms;
+                cpu_ms += (*a.own_times)[j].cpu_ms;
+            }
+            t[i + 1] = median_of(ms) * 1e-3;
+            ratio = wall_ms > 0 ? cpu_ms / wall_ms : 0;
+        }
+        const int given = a.threads ? a.threads : r.threads;
+        r.anchor_cpu.push_back({a.name, ratio, given, std::abs(ratio - given) <= 0.2});
+    }
     r.rate = work / t[0] * 1e-9;
     if (!probe.empty()) {
         std::sort(probe.begin(), probe.end());
@@ -122,7 +157,7 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
             Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             std::vector<Anchor> anchors;
             if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(threads); }});
-            anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }});
+            anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }, 1});
             measure(ctx, Row{"softmax", "rows", s.str(), threads, 0, 0, "Gelem/s", -1, {}}, s.elems(),
                     [&] { softmax(rt, s.rows, s.cols, x.data(), s.cols, y.data(), s.cols); }, anchors, rows);
         }
@@ -166,7 +201,7 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
             if (s.causal)
                 anchors.push_back({"non-causal", [&] { attention(rt, full, q.data(), k.data(), v.data(), out.data()); }});
             if (threads > 1)
-                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }});
+                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }, 1});
             measure(ctx, Row{"attention", "fused", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
                     [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
@@ -188,7 +223,7 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
             std::vector<Anchor> anchors = {
                 {"unfused", [&] { attention_unfused(rt, p, q.data(), k.data(), v.data(), out.data()); }}};
             if (threads > 1)
-                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }});
+                anchors.push_back({"1 thread", [&] { attention(rt1, p, q.data(), k.data(), v.data(), out.data()); }, 1});
             measure(ctx, Row{"decode", "fused", s.str(), threads, 0, 0, "GB/s", -1, {}}, s.kv_bytes(),
                     [&] { attention(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
         }
@@ -201,22 +236,26 @@ void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows)
         if ((!ctx.opt.quick || s.quick) && (!filter || std::regex_search("layer/forward/" + s.str(), *filter)))
             shapes.push_back(s);
     if (shapes.empty()) return;
+    std::vector<std::string> torch_shapes;
+    for (const auto &s : shapes) torch_shapes.push_back(s.torch_str());
     for (int threads : ctx.opt.threads) {
         std::fprintf(stderr, "layer: PyTorch nn.MultiheadAttention, threads=%d\n", threads);
-        std::string why;
-        const auto torch_ms = bench::torch_layer_ms(threads, shapes, ctx.budget_s(), &why);
-        if (torch_ms.empty()) std::fprintf(stderr, "layer: PyTorch anchor skipped: %s\n", why.c_str());
+        bench::TorchAnchor torch("torch_layer.py", "MHA_TORCH_SCRIPT", threads, torch_shapes);
+        if (!torch.ok()) std::fprintf(stderr, "layer: PyTorch anchor skipped: %s\n", torch.why().c_str());
         for (size_t i = 0; i < shapes.size(); ++i) {
             const auto &s = shapes[i];
             std::fprintf(stderr, "layer %s threads=%d\n", s.str().c_str(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             bench::LayerFixture f(rt, s);
+            std::vector<bench::TorchAnchor::Timing> torch_times;
             std::vector<Anchor> anchors;
+            if (torch.ok())
+                anchors.push_back({"PyTorch", [&] { torch_times.push_back(torch.run(s.torch_str())); }, 0, &torch_times});
             if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});
             measure(ctx, Row{"layer", "forward", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
                     [&] { f.forward(rt); }, anchors, rows);
             Row &r = rows.back();
-            if (!torch_ms.empty()) r.vs.emplace_back("PyTorch", torch_ms[i] / r.ms);
+            if (torch.ok()) r.extra["torch_version"] = torch.version();
             r.part_ms = bench::time_median([&] { f.attention_only(rt); }, ctx.budget_s()) * 1e3;
         }
     }
@@ -306,7 +345,7 @@ void serving_prefill(Context &ctx, const std::regex *filter, std::vector<Row> &r
                 {"padded", [&] { attention(rt, padded, qp.data(), kp.data(), vp.data(), outp.data()); }},
                 {"per-seq", [&] { per_seq(rt); }}};
             if (threads > 1)
-                anchors.push_back({"1 thread", [&] { attention_varlen(rt1, p, q.data(), k.data(), v.data(), out.data()); }});
+                anchors.push_back({"1 thread", [&] { attention_varlen(rt1, p, q.data(), k.data(), v.data(), out.data()); }, 1});
             measure(ctx, serving_row("prefill", shape, threads, "GFLOP/s"), flops,
                     [&] { attention_varlen(rt, p, q.data(), k.data(), v.data(), out.data()); }, anchors, rows);
             Row &r = rows.back();
@@ -358,7 +397,7 @@ void serving_decode(Context &ctx, const std::regex *filter, std::vector<Row> &ro
         Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
         std::vector<Anchor> anchors = {
             {"dense", [&] { attention(rt, dense, q.data(), k.data(), v.data(), out_dense.data()); }}};
-        if (threads > 1) anchors.push_back({"1 thread", [&] { attention_cached(rt1, cache, p, q.data(), out.data()); }});
+        if (threads > 1) anchors.push_back({"1 thread", [&] { attention_cached(rt1, cache, p, q.data(), out.data()); }, 1});
         measure(ctx, serving_row("decode", s.str(), threads, "GB/s"), s.kv_bytes(),
                 [&] { attention_cached(rt, cache, p, q.data(), out.data()); }, anchors, rows);
         Row &r = rows.back();
@@ -436,7 +475,7 @@ void serving_continuous(Context &ctx, const std::regex *filter, std::vector<Row>
                  attention(rt, dpre, q.data(), kp.data(), vp.data(), out_dense.data());
                  attention(rt, ddec, q.data() + pre_rows * qrow, kd.data(), vd.data(), out_dense.data() + pre_rows * qrow);
              }}};
-        if (threads > 1) anchors.push_back({"1 thread", [&] { attention_cached(rt1, cache, all, q.data(), out.data()); }});
+        if (threads > 1) anchors.push_back({"1 thread", [&] { attention_cached(rt1, cache, all, q.data(), out.data()); }, 1});
         measure(ctx, serving_row("continuous", c.str(), threads, "GFLOP/s"), flops,
                 [&] { attention_cached(rt, cache, all, q.data(), out.data()); }, anchors, rows);
         Row &r = rows.back();
@@ -479,21 +518,24 @@ void suite_encoder(Context &ctx, const std::regex *filter, std::vector<Row> &row
     const bench::LayerShape an = bench::encoder_shapes().front().attention();  // B8 L128 E512 H8
     const bool add_norm = !filter || std::regex_search("encoder/add&norm/" + an.str(), *filter);
     for (int threads : ctx.opt.threads) {
-        std::unique_ptr<bench::TorchEncoder> torch;
+        std::unique_ptr<bench::TorchAnchor> torch;
         if (!shapes.empty()) {
             std::fprintf(stderr, "encoder: PyTorch nn.TransformerEncoderLayer, threads=%d\n", threads);
-            torch = std::make_unique<bench::TorchEncoder>(threads, shapes);
+            std::vector<std::string> torch_shapes;
+            for (const auto &s : shapes) torch_shapes.push_back(s.torch_str());
+            torch = std::make_unique<bench::TorchAnchor>("torch_encoder.py", "MHA_TORCH_ENCODER_SCRIPT", threads, torch_shapes);
             if (!torch->ok()) std::fprintf(stderr, "encoder: PyTorch anchor skipped: %s\n", torch->why().c_str());
         }
         for (const auto &s : shapes) {
             std::fprintf(stderr, "encoder %s threads=%d\n", s.str().c_str(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
             bench::EncoderFixture f(rt, s);
-            std::vector<double> torch_ms;
+            std::vector<bench::TorchAnchor::Timing> torch_times;
             std::vector<Anchor> anchors;
-            if (torch->ok()) anchors.push_back({"PyTorch", [&] { torch_ms.push_back(torch->run_ms(s)); }});
+            if (torch->ok())
+                anchors.push_back({"PyTorch", [&] { torch_times.push_back(torch->run(s.torch_str())); }, 0, &torch_times});
             if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});
-            if (threads > 1) anchors.push_back({"1 thread", [&] { f.forward(rt1); }});
+            if (threads > 1) anchors.push_back({"1 thread", [&] { f.forward(rt1); }, 1});
             Row row;
             row.suite = "encoder";
             row.name = "forward";
@@ -502,17 +544,10 @@ void suite_encoder(Context &ctx, const std::regex *filter, std::vector<Row> &row
             row.unit = "GFLOP/s";
             measure(ctx, row, s.flops(), [&] { f.forward(rt); }, anchors, rows);
             Row &r = rows.back();
-            if (!torch_ms.empty()) {
-                // PyTorch's own times (the first run was measure()'s warm-up), not our clock's,
-                // which would add the pipe's round trip.
-                torch_ms.erase(torch_ms.begin());
-                const double t = median_of(torch_ms);
-                for (auto &[n, v] : r.vs)
-                    if (n == "PyTorch") v = t / r.ms;
-                r.extra["torch_ms"] = t;
+            if (!torch_times.empty()) {
                 r.extra["torch_version"] = torch->version();
-                r.extra["torch_fast_path"] = torch->fast_path(s);
-                if (!torch->fast_path(s)) r.note = "PyTorch NOT on its fused path";
+                r.extra["torch_fast_path"] = torch->fast_path(s.torch_str());
+                if (!torch->fast_path(s.torch_str())) r.note = "PyTorch NOT on its fused path";
             }
             if (bench::has_dnnl()) r.extra["max_abs_diff_vs_oneDNN"] = f.max_abs_diff();
             r.extra["flops_counted"] = "8 L E^2 + 4 L E F + 4 L^2 E per sequence";
@@ -587,13 +622,25 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                       r.unit == "GFLOP/s" ? "GF/s" : r.unit == "GB/s" ? "GB/s" : "Ge/s");
         std::printf("%-9s %-10s %-*s %7d %10.3f %12s %7s", r.suite.c_str(), r.name.c_str(), shape_width, r.shape.c_str(),
                     r.threads, r.ms, rate, peak);
+        std::string invalid;  // anchors that did not run on the threads they were given
+        for (const auto &a : r.anchor_cpu)
+            if (!a.valid) {
+                char buf[128];
+                std::snprintf(buf, sizeof buf, "%s%s CPU/wall %.2f on %d thread%s", invalid.empty() ? "" : ", ",
+                              a.name.c_str(), a.cpu_per_wall, a.threads, a.threads > 1 ? "s" : "");
+                invalid += buf;
+            }
         for (const auto &n : columns) {
             const auto it = std::find_if(r.vs.begin(), r.vs.end(), [&](const auto &x) { return x.first == n; });
+            const auto cpu = std::find_if(r.anchor_cpu.begin(), r.anchor_cpu.end(), [&](const auto &x) { return x.name == n; });
             if (it == r.vs.end())
                 std::printf(" %13s", "-");
+            else if (cpu != r.anchor_cpu.end() && !cpu->valid)
+                std::printf(" %13s", "invalid");
             else
                 std::printf(" %12.2fx", it->second);
         }
+        if (!invalid.empty()) std::printf("   INVALID: %s", invalid.c_str());
         if (r.part_ms >= 0)
             std::printf("   attention %.0f%% / projections %.0f%%", 100.0 * r.part_ms / r.ms, 100.0 * (1.0 - r.part_ms / r.ms));
         if (!r.note.empty()) std::printf("   %s", r.note.c_str());
@@ -616,8 +663,11 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                 "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
                 "non-causal = the same call without the causal mask (1.82x = causal at 0.55x the time);\n"
                 "1 thread = the same call on a one-thread runtime (the speed-up of this row's threads);\n"
+                "every anchor's process CPU time / wall time is measured over its runs: one more than 0.2 off the\n"
+                "threads it was given is printed as invalid (its ratio is in the JSON either way);\n"
                 "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
-                "nn.MultiheadAttention(batch_first=True, need_weights=False) timed by bench/torch_layer.py in this run;\n"
+                "nn.MultiheadAttention(batch_first=True, need_weights=False) run by bench/torch_layer.py in a child pinned\n"
+                "to the row's threads, its runs interleaved with ours and timed by itself;\n"
                 "layer GF/s counts 8 L E^2 + 4 L^2 E per sequence; the split times the attention step alone.\n"
                 "serving: prefill = the 8-prompt mix (64..2048 tokens) in one attention_varlen call, GF/s of the\n"
                 "useful causal work (2 L (L+1) D H per prompt); padded = the mix padded to 2048 through mha::attention\n"
@@ -658,6 +708,11 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
             o["peak_fraction_startup"] = r.rate / ctx.bandwidth.at(r.threads);
         }
         for (const auto &[n, v] : r.vs) o["vs"][n] = v;
+        o["cpu_per_wall"] = r.cpu_per_wall;
+        for (const auto &a : r.anchor_cpu) {
+            o["anchor_cpu_per_wall"][a.name] = a.cpu_per_wall;
+            o["anchor_valid"][a.name] = a.valid;
+        }
         for (const auto &[n, eq] : r.same_bits) o["same_bits"][n] = eq;
         for (const auto &[key, val] : r.extra.items()) o[key] = val;
         if (r.part_ms >= 0) {
