@@ -37,6 +37,8 @@ TileConfigFile tuned() {
     f.tiles.kc = 200;  // not the default, so reading it back shows
     f.tiles.attn_block_k = 128;
     f.tiles.attn_kv_chunk = 512;
+    f.tiles.parallel_min_flops = 12345;
+    f.tiles.parallel_min_elems = 678;
     return f;
 }
 
@@ -58,6 +60,8 @@ TEST_CASE("a tile config round-trips through its JSON and reaches the runtime") 
     CHECK(g.tiles.attn_block_q == f.tiles.attn_block_q);
     CHECK(g.tiles.attn_block_k == 128);
     CHECK(g.tiles.attn_kv_chunk == 512);
+    CHECK(g.tiles.parallel_min_flops == 12345);
+    CHECK(g.tiles.parallel_min_elems == 678);
     CHECK(tile_config_json(g) == text);
 
     const std::string path = write("good.json", text);
@@ -119,6 +123,8 @@ TEST_CASE("a broken tile config fails runtime creation, naming the file and the 
         {"mc not a multiple of MR", head + R"("tiles": {"mc": 7}})", "mc must be a multiple of MR"},
         {"nc too small", head + R"("tiles": {"nc": 1}})", "nc must be a multiple of NR"},
         {"chunk not a multiple", head + R"("tiles": {"attn_kv_chunk": 1000}})", "attn_kv_chunk"},
+        {"negative parallel_min_flops", head + R"("tiles": {"parallel_min_flops": -1}})", "parallel_min_flops must be in"},
+        {"negative parallel_min_elems", head + R"("tiles": {"parallel_min_elems": -5}})", "parallel_min_elems must be in"},
         {"unknown microkernel", head + R"("tiles": {"gemm_ukernel": "avx512_99x99"}})", "not a known microkernel"},
         {"wrong format", R"({"format": "other", "version": 1, "isa": "avx2", "tiles": {}})", "\"format\" must be"},
         {"wrong version", R"({"format": "mha-tile-config", "version": 7, "isa": "avx2", "tiles": {}})", "\"version\" must be 1"},
@@ -155,4 +161,26 @@ TEST_CASE("a broken tile config fails runtime creation, naming the file and the 
     CHECK(mha_runtime_create_with_config(1, missing.c_str(), &rt) == MHA_INVALID_ARGUMENT);
     CHECK(std::string(mha_last_error()).find(missing + ": cannot open") != std::string::npos);
     CHECK(mha_runtime_create_with_config(1, "", nullptr) == MHA_INVALID_ARGUMENT);
+}
+
+TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 turning them off") {
+    const char *saved = std::getenv("MHA_PARALLEL_ALWAYS");
+    const std::string keep = saved ? saved : "";
+    unsetenv("MHA_PARALLEL_ALWAYS");
+    const TileConfig d = default_tile_config(best_isa(), detect_cache_sizes());
+    CHECK(d.parallel_min_flops > 0);
+    CHECK(d.parallel_min_elems > 0);
+    {
+        Runtime rt(RuntimeOptions{2, {}, {}, {}});
+        CHECK(rt.tiles().parallel_min_flops == d.parallel_min_flops);
+        CHECK(rt.tiles().parallel_min_elems == d.parallel_min_elems);
+    }
+    setenv("MHA_PARALLEL_ALWAYS", "1", 1);
+    {
+        Runtime rt(RuntimeOptions{2, {}, {}, {}});
+        CHECK(rt.tiles().parallel_min_flops == 0);
+        CHECK(rt.tiles().parallel_min_elems == 0);
+    }
+    if (saved) setenv("MHA_PARALLEL_ALWAYS", keep.c_str(), 1);
+    else unsetenv("MHA_PARALLEL_ALWAYS");
 }

@@ -136,10 +136,14 @@ void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) 
                                        bench::openblas_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda,
                                                              b.data(), ldb, 0.0f, c.data(), s.n);
                                    }});
-            measure(ctx, Row{"gemm", name, s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(), [&] {
-                sgemm(rt, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, a.data(), lda,
+            auto ours = [&](Runtime &r) {
+                sgemm(r, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, a.data(), lda,
                       b.data(), ldb, 0.0f, c.data(), s.n);
-            }, anchors, rows);
+            };
+            Runtime rt1(RuntimeOptions{1, {}, {}, {}});
+            if (threads > 1) anchors.push_back({"1 thread", [&] { ours(rt1); }, 1});
+            measure(ctx, Row{"gemm", name, s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(), [&] { ours(rt); },
+                    anchors, rows);
         }
     }
 }
@@ -158,6 +162,9 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
             std::vector<Anchor> anchors;
             if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(threads); }});
             anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }, 1});
+            Runtime rt1(RuntimeOptions{1, {}, {}, {}});
+            if (threads > 1)
+                anchors.push_back({"1 thread", [&] { softmax(rt1, s.rows, s.cols, x.data(), s.cols, y.data(), s.cols); }, 1});
             measure(ctx, Row{"softmax", "rows", s.str(), threads, 0, 0, "Gelem/s", -1, {}}, s.elems(),
                     [&] { softmax(rt, s.rows, s.cols, x.data(), s.cols, y.data(), s.cols); }, anchors, rows);
         }
@@ -252,6 +259,8 @@ void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows)
             if (torch.ok())
                 anchors.push_back({"PyTorch", [&] { torch_times.push_back(torch.run(s.torch_str())); }, 0, &torch_times});
             if (bench::has_dnnl()) anchors.push_back({"oneDNN", [&] { f.onednn(threads); }});
+            Runtime rt1(RuntimeOptions{1, {}, {}, {}});
+            if (threads > 1) anchors.push_back({"1 thread", [&] { f.forward(rt1); }, 1});
             measure(ctx, Row{"layer", "forward", s.str(), threads, 0, 0, "GFLOP/s", -1, {}}, s.flops(),
                     [&] { f.forward(rt); }, anchors, rows);
             Row &r = rows.back();
@@ -590,6 +599,47 @@ void suite_encoder(Context &ctx, const std::regex *filter, std::vector<Row> &row
     }
 }
 
+// Threads only where they pay: small calls of each entry point on the most threads asked for,
+// against the same call on one thread and on all threads whatever the size (the tile config's
+// parallel_min_flops and parallel_min_elems at 0). Where "all threads" crosses "1 thread" is the
+// break-even those defaults come from; "vs 1 thread" must stay at or above 1.00x.
+void suite_threads(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
+    const int threads = *std::max_element(ctx.opt.threads.begin(), ctx.opt.threads.end());
+    if (threads < 2) return;
+    Runtime rt(RuntimeOptions{threads, {}, {}, {}}), rt1(RuntimeOptions{1, {}, {}, {}});
+    TileConfig always = rt.tiles();
+    always.parallel_min_flops = always.parallel_min_elems = 0;
+    Runtime rt_all(RuntimeOptions{threads, {}, always, {}});
+    auto row = [&](const char *name, const std::string &shape, const char *unit, double work, auto call) {
+        if (filter && !std::regex_search(std::string("threads/") + name + "/" + shape, *filter)) return;
+        std::fprintf(stderr, "threads %s %s threads=%d\n", name, shape.c_str(), threads);
+        measure(ctx, Row{"threads", name, shape, threads, 0, 0, unit, -1, {}}, work, [&] { call(rt); },
+                {{"1 thread", [&] { call(rt1); }, 1}, {"all threads", [&] { call(rt_all); }}}, rows);
+    };
+    for (int64_t n : {32, 64, 96, 128, 192, 256, 384}) {
+        std::vector<float> a(static_cast<size_t>(n * n), 0.5f), c(a.size());
+        row("sgemm", std::to_string(n) + "^3", "GFLOP/s", 2.0 * n * n * n,
+            [&](Runtime &r) { sgemm(r, Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n); });
+    }
+    for (int64_t rows_n : {32, 128, 256, 512, 1024, 2048, 8192}) {
+        std::vector<float> x(static_cast<size_t>(rows_n * 128)), y(x.size());
+        bench::fill_hashed(x.data(), x.size(), 7, 4.0f);
+        row("softmax", std::to_string(rows_n) + "x128", "Gelem/s", static_cast<double>(x.size()),
+            [&](Runtime &r) { softmax(r, rows_n, 128, x.data(), 128, y.data(), 128); });
+    }
+    for (int64_t len : {16, 32, 64, 128, 256}) {
+        AttentionParams p;
+        p.batch = 1;
+        p.q_len = p.kv_len = len;
+        p.num_heads = p.num_kv_heads = 8;
+        p.head_dim = p.value_dim = 64;
+        std::vector<float> q(static_cast<size_t>(len * 8 * 64)), out(q.size());
+        bench::fill_hashed(q.data(), q.size(), 8, 1.0f);
+        row("attention", "L" + std::to_string(len) + " H8 D64", "GFLOP/s", 4.0 * len * len * 64 * 8,
+            [&](Runtime &r) { attention(r, p, q.data(), q.data(), q.data(), out.data()); });
+    }
+}
+
 void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("mha-bench%s: FMA peak", ctx.opt.quick ? " --quick" : "");
     for (auto [t, g] : ctx.peak) std::printf(" %.1f GFLOP/s (%d thread%s)", g, t, t > 1 ? "s" : "");
@@ -682,7 +732,10 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                 "layer from dnnl_sgemm, the layer suite's attention composition and plain loops for bias, relu and\n"
                 "LayerNorm; GF/s counts 8 L E^2 + 4 L E F + 4 L^2 E per sequence (the GEMMs and the attention).\n"
                 "add&norm = the attention layer with its Add & Norm (norm = post) against the same layer without\n"
-                "(vs no norm); its share = 1 - (no norm's time / the row's time).\n");
+                "(vs no norm); its share = 1 - (no norm's time / the row's time).\n"
+                "threads: small calls on the most threads asked for (default tiles) against 1 thread and against every\n"
+                "thread whatever the size (parallel_min_flops = parallel_min_elems = 0): where \"all threads\" drops\n"
+                "below \"1 thread\" is the break-even behind those defaults.\n");
 }
 
 void print_json(const Context &ctx, const std::vector<Row> &rows) {
@@ -750,6 +803,7 @@ int main(int argc, char **argv) {
         suite_layer(ctx, filter.get(), rows);
         suite_serving(ctx, filter.get(), rows);
         suite_encoder(ctx, filter.get(), rows);
+        suite_threads(ctx, filter.get(), rows);
         if (ctx.opt.json)
             print_json(ctx, rows);
         else

@@ -34,8 +34,15 @@ struct TileConfig {
     // own and the chunks merged in order; when there are fewer work items than threads, and on the
     // direct path, the chunks of one item run on different threads with the same result.
     int64_t attn_kv_chunk = 0;
+    // Threads only where they pay: a call uses a thread for each full share of this much work
+    // (so a second thread only from twice it), else it runs on the calling thread alone. Waking
+    // the arena's sleeping threads and joining them costs tens of microseconds, which a small call
+    // does not win back. FLOPs for the GEMM and the attention (2 per multiply-add), elements for
+    // softmax and Add & Norm. 0: every call uses every thread. The bits never depend on it.
+    int64_t parallel_min_flops = 0;
+    int64_t parallel_min_elems = 0;
 
-    // Throws mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
+    // Threads mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
     void validate(Isa isa) const;
 };
 

@@ -41,10 +41,14 @@ struct Prepacked {
     int64_t j0 = 0;
 };
 
-// Runs `fn(item)` for item in [0, count) on the arena the caller is in; one task per item.
+// Runs `fn(item)` for item in [0, count) on the arena the caller is in, one task per item; on the
+// calling thread alone, in order, when the call's work pays for one thread only (threads == 1).
 template <class Fn>
-void parallel_items(int64_t count, const Fn &fn) {
-    if (count == 1) return fn(int64_t{0});
+void parallel_items(int64_t count, int64_t threads, const Fn &fn) {
+    if (count == 1 || threads == 1) {
+        for (int64_t i = 0; i < count; ++i) fn(i);
+        return;
+    }
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 1),
                       [&](const tbb::blocked_range<int64_t> &r) {
                           for (int64_t i = r.begin(); i != r.end(); ++i) fn(i);
@@ -57,7 +61,7 @@ template <class Fn>
 void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
     chunks = std::max<int64_t>(1, std::min(chunks, count));
     const int64_t per = ceil_div(count, chunks);
-    parallel_items(ceil_div(count, per), [&](int64_t i) { fn(i * per, std::min(count, (i + 1) * per)); });
+    parallel_items(ceil_div(count, per), chunks, [&](int64_t i) { fn(i * per, std::min(count, (i + 1) * per)); });
 }
 
 // The packed path: Goto's five loops around the microkernel. A row-major C = A B is, to BLIS's
@@ -69,8 +73,8 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
                   Prepacked pre = {}) {
     const SgemmKernel &uk = *s.sgemm;
-    const int64_t MR = uk.mr, NR = uk.nr, T = s.num_threads;
     const TileConfig &t = s.tiles;
+    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
     const int64_t kc_max = std::min(k, t.kc);
     const int64_t mc_max = std::min(round_up(m, MR), t.mc);
     // NC only sizes the work items (columns start at multiples of NR either way), so it may follow
@@ -95,7 +99,7 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
             });
             const float beta = pc == 0 ? c.beta : 1.0f;
             const float *bias = pc == 0 ? c.bias : nullptr;
-            parallel_items(n_blocks * row_split, [&](int64_t item) { // IC: NC columns of B; pack B
+            parallel_items(n_blocks * row_split, T, [&](int64_t item) { // IC: NC columns of B; pack B
                 const int64_t jc = item / row_split * nc, ncur = std::min(nc, n - jc);
                 const int64_t ir0 = item % row_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
                 if (ir0 >= ir1) return;
@@ -120,7 +124,7 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
 // are contiguous; only B^T and the edge panels are packed. The depth is not blocked.
 void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
     const SgemmKernel &uk = *s.sgemm;
-    const int64_t MR = uk.mr, NR = uk.nr, T = s.num_threads;
+    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops);
     // The k x NC block of B takes the footprint the tiles give the packed A block (half of L2).
     const int64_t nc_blk = std::clamp(s.tiles.mc * s.tiles.kc / k / NR * NR, NR, round_up(n, NR));
     const bool b_direct = b.cs == 1;
@@ -143,7 +147,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
         const int64_t ir_split = std::min(n_ir, 4 * T);
         const int64_t jr_split = n_ir >= T ? 1 : std::min(n_jr, ceil_div(T, n_ir));
         const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
-        parallel_items(ir_split * jr_split, [&](int64_t item) {
+        parallel_items(ir_split * jr_split, T, [&](int64_t item) {
             const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
             const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
             if (ir0 >= ir1 || jr0 >= jr1) return;

@@ -124,6 +124,10 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     } else {
         s.tiles = default_tile_config(s.isa, detect_cache_sizes());
     }
+    // MHA_PARALLEL_ALWAYS=1: every call uses every thread whatever its size (the tests run so,
+    // so that their same-bits-on-any-thread-count checks go through the parallel paths).
+    if (const char *env = std::getenv("MHA_PARALLEL_ALWAYS"); env && std::string(env) == "1")
+        s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);

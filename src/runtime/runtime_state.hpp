@@ -69,6 +69,14 @@ struct RuntimeState {
     int slots = 1;  // arena slots, including the host thread's
 
     static int this_thread_slot();
+
+    // How many of the arena's threads `work` pays for: one per full share of `min_per_thread`
+    // (the tile config's parallel_min_flops or parallel_min_elems), at least 1, at most all.
+    int threads_for(double work, int64_t min_per_thread) const {
+        if (min_per_thread <= 0) return num_threads;
+        const double t = work / static_cast<double>(min_per_thread);
+        return t >= num_threads ? num_threads : t < 1 ? 1 : static_cast<int>(t);
+    }
 };
 
 } // namespace mha::detail

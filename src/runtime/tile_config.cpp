@@ -56,6 +56,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
     // threads work at Lk = 2048 in decode.
     t.attn_kv_chunk = 1024;
+    // Threads only where they pay: measured break-evens (mha-bench --filter threads), see README.
+    t.parallel_min_flops = int64_t{4} << 20;
+    t.parallel_min_elems = int64_t{64} << 10;
     return t;
 }
 
@@ -79,6 +82,8 @@ void TileConfig::validate(Isa isa) const {
     check(attn_block_k >= 1 && attn_block_k <= 8192, "attn_block_k", "must be in [1, 8192]");
     check(attn_kv_chunk >= attn_block_k && attn_kv_chunk <= (1 << 24) && attn_kv_chunk % attn_block_k == 0,
           "attn_kv_chunk", "must be a multiple of attn_block_k, at most 2^24");
+    check(parallel_min_flops >= 0 && parallel_min_flops <= (int64_t{1} << 50), "parallel_min_flops", "must be in [0, 2^50]");
+    check(parallel_min_elems >= 0 && parallel_min_elems <= (int64_t{1} << 50), "parallel_min_elems", "must be in [0, 2^50]");
 }
 
 } // namespace mha

@@ -27,6 +27,8 @@ constexpr IntField kIntFields[] = {
     {"attn_block_q", &TileConfig::attn_block_q},
     {"attn_block_k", &TileConfig::attn_block_k},
     {"attn_kv_chunk", &TileConfig::attn_kv_chunk},
+    {"parallel_min_flops", &TileConfig::parallel_min_flops},
+    {"parallel_min_elems", &TileConfig::parallel_min_elems},
 };
 
 } // namespace
