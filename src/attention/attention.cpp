@@ -190,10 +190,16 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     const int64_t per_item = item_scratch_floats(s, ak.mr, ak.nr);
     auto scratch = st.pool.borrow(static_cast<size_t>(per_item * T + state_floats));
     float *states = scratch.data() + per_item * T;
-    // Runs fn(task, scratch) for task in [0, count) on up to T threads, each taking the next task
-    // in order (so the costliest start first) with its own scratch.
+    // Threads only where they pay: a task's cost counts (query row, key) pairs of one KV head's
+    // group, each 2 (D + Dv) FLOPs per query head.
+    double flops = 0;
+    for (const Task &t : tasks) flops += static_cast<double>(t.cost);
+    flops *= 2.0 * static_cast<double>(s.group() * (s.head_dim + s.value_dim));
+    const int64_t useful = st.threads_for(flops, st.tiles.parallel_min_flops);
+    // Runs fn(task, scratch) for task in [0, count) on up to `useful` threads, each taking the next
+    // task in order (so the costliest start first) with its own scratch.
     auto run_tasks = [&](int64_t count, const auto &fn) {
-        const int64_t workers = std::min<int64_t>(T, count);
+        const int64_t workers = std::min<int64_t>(useful, count);
         std::atomic<int64_t> next{0};
         auto work = [&](int64_t w) {
             for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch.data() + w * per_item);
