@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -20,6 +21,16 @@ inline std::vector<float> random_floats(size_t count, uint32_t seed, float lo = 
 
 inline bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// MHA_TEST_REDUCED=1 (tools/tsan sets it): the few heaviest cases run a smaller share of their
+// inputs, so every suite fits in a few minutes under ThreadSanitizer. Unset, nothing changes.
+inline bool reduced() {
+    static const bool on = [] {
+        const char *e = std::getenv("MHA_TEST_REDUCED");
+        return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+    }();
+    return on;
 }
 
 // A value no kernel produces from the test inputs, written into padding to catch stray writes.

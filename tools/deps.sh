@@ -35,3 +35,7 @@ meson_build() {
     fi
     meson compile -C "$dir" >&2
 }
+
+# tools/tsan (tools/test --tsan): downloads Debian's oneTBB source and builds it with
+# -fsanitize=thread (cmake, ninja), on top of MHA_PACKAGES.
+MHA_TSAN_PACKAGES=(curl ca-certificates xz-utils cmake ninja-build g++ libtsan2)

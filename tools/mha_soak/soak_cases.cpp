@@ -125,9 +125,12 @@ Case attention_case(Shared &s, Rng &g) {
                 *k = random_floats(s, g, p.batch * p.kv_len * p.num_kv_heads * p.head_dim),
                 *v = random_floats(s, g, p.batch * p.kv_len * p.num_kv_heads * p.value_dim);
     Case c = named(weights ? "attention+weights" : "attention", out_n + w_n);
-    c.call = [=, rt = s.rt](std::vector<float> &out, int64_t) mutable {
-        p.weights = w_n ? out.data() + out_n : nullptr;
-        return mha_attention(rt, &p, q, k, v, out.data());
+    // The params are copied per call: many host threads run one case at once, each into its own
+    // out (ThreadSanitizer caught a shared, mutable p.weights here).
+    c.call = [=, rt = s.rt](std::vector<float> &out, int64_t) {
+        mha_attention_params call_p = p;
+        call_p.weights = w_n ? out.data() + out_n : nullptr;
+        return mha_attention(rt, &call_p, q, k, v, out.data());
     };
     return c;
 }
