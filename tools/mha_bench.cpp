@@ -101,8 +101,13 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
             t[i + 1] = median_of(ms) * 1e-3;
             ratio = wall_ms > 0 ? cpu_ms / wall_ms : 0;
         }
+        // The libraries' thread pools are what can ignore the count they are given; mha's own
+        // anchors run on task_arenas of their size by construction (and a short call of theirs
+        // can be charged the spin of another arena's threads), so only the libraries are judged.
+        const bool library = a.name == "oneDNN" || a.name == "OpenBLAS" || a.name == "PyTorch" || a.name == "blocked" ||
+                             a.name == "full" || a.name == "scalar";
         const int given = a.threads ? a.threads : r.threads;
-        r.anchor_cpu.push_back({a.name, ratio, given, std::abs(ratio - given) <= 0.2});
+        r.anchor_cpu.push_back({a.name, ratio, given, !library || std::abs(ratio - given) <= 0.2});
     }
     r.rate = work / t[0] * 1e-9;
     if (!probe.empty()) {
@@ -713,8 +718,9 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                 "unfused = mha's own GEMM, softmax, GEMM composition; scalar = the plain softmax loop;\n"
                 "non-causal = the same call without the causal mask (1.82x = causal at 0.55x the time);\n"
                 "1 thread = the same call on a one-thread runtime (the speed-up of this row's threads);\n"
-                "every anchor's process CPU time / wall time is measured over its runs: one more than 0.2 off the\n"
-                "threads it was given is printed as invalid (its ratio is in the JSON either way);\n"
+                "every anchor's process CPU time / wall time is measured over its runs: a library's (oneDNN, OpenBLAS,\n"
+                "PyTorch, the dnnl compositions, scalar) more than 0.2 off the threads it was given is printed as\n"
+                "invalid (every ratio is in the JSON);\n"
                 "layer: oneDNN = the same layer composed from dnnl_sgemm (projections, blocked attention), PyTorch =\n"
                 "nn.MultiheadAttention(batch_first=True, need_weights=False) run by bench/torch_layer.py in a child pinned\n"
                 "to the row's threads, its runs interleaved with ours and timed by itself;\n"
