@@ -185,3 +185,55 @@ TEST_CASE("a host thread cancelled during a call: the call runs to its end, the 
     REQUIRE(mha_sgemm(g.rt, 'N', 'N', n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n) == MHA_OK);
     CHECK(std::memcmp(c.data(), expected.data(), c.size() * sizeof(float)) == 0);
 }
+
+// Found by fuzz/fuzz_c_abi: a num_seqs too large for any [num_seqs + 1] array made the offsets
+// check read past the caller's array (until it met a decrease); a mask whose strides address more
+// bytes than any array holds (no int64 overflow, but past the tensors' INT64_MAX / 8 limit) was
+// accepted and read far out of bounds. Both are refused now, before anything is read or written.
+TEST_CASE("ragged batches refuse a num_seqs no offsets array can hold; masks refuse strides past any array") {
+    RuntimeGuard g(1);
+    const int64_t offsets[2] = {0, 1};  // what the caller really has
+    const int64_t ids[1] = {0};
+    float q[8] = {}, out[8] = {};
+    for (int64_t n : {INT64_MAX, INT64_MAX / 2, INT64_MAX / 8, int64_t{1} << 62}) {
+        mha_varlen_params vp{n, offsets, offsets, 1, 1, 2, 2, 0.0f, 0};
+        CHECK(mha_attention_varlen(g.rt, &vp, q, q, q, out) == MHA_INVALID_ARGUMENT);
+        CHECK(contains(mha_last_error(), "num_seqs"));
+        mha_kv_cache_config kc{1, 2, 2, 0, 64, MHA_F32};
+        mha_kv_cache *cache = nullptr;
+        REQUIRE(mha_kv_cache_create(g.rt, &kc, &cache) == MHA_OK);
+        REQUIRE(mha_kv_cache_append(g.rt, cache, 0, 1, q, q) == MHA_OK);
+        mha_cached_params cp{n, ids, offsets, 1, 0.0f, 0};
+        CHECK(mha_attention_cached(g.rt, cache, &cp, q, out) == MHA_INVALID_ARGUMENT);
+        CHECK(contains(mha_last_error(), "num_seqs"));
+        mha_kv_cache_destroy(cache);
+    }
+    for (float x : out) CHECK(x == 0.0f);
+
+    // batch 2, q_len 1, kv_len 1: the mask holds mask[b * 2^62 + j], 2^62 + 1 bytes.
+    uint8_t mask[2] = {1, 1};
+    mha_attention_params p{};
+    p.batch = 2;
+    p.q_len = p.kv_len = 1;
+    p.num_heads = p.num_kv_heads = 1;
+    p.head_dim = p.value_dim = 2;
+    p.mask = mask;
+    p.mask_batch_stride = int64_t{1} << 62;
+    CHECK(mha_attention(g.rt, &p, q, q, q, out) == MHA_INVALID_ARGUMENT);
+    CHECK(contains(mha_last_error(), "mask"));
+    p.mask_batch_stride = 1;  // the same call with a mask that exists
+    CHECK(mha_attention(g.rt, &p, q, q, q, out) == MHA_OK);
+}
+
+// Found by fuzz/fuzz_c_abi: max_tokens near INT64_MAX overflowed (signed) while rounding up to
+// whole blocks, before the size check could refuse it (UBSan stops there).
+TEST_CASE("a kv cache of INT64_MAX tokens is refused, not overflowed") {
+    RuntimeGuard g(1);
+    for (int64_t t : {INT64_MAX, INT64_MAX - 1, INT64_MAX / 2}) {
+        mha_kv_cache_config kc{1, 2, 2, 0, t, MHA_F32};
+        mha_kv_cache *cache = reinterpret_cast<mha_kv_cache *>(1);
+        CHECK(mha_kv_cache_create(g.rt, &kc, &cache) == MHA_INVALID_ARGUMENT);
+        CHECK(cache == nullptr);
+        CHECK(contains(mha_last_error(), "max_tokens"));
+    }
+}

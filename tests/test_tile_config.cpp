@@ -184,3 +184,18 @@ TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 
     if (saved) setenv("MHA_PARALLEL_ALWAYS", keep.c_str(), 1);
     else unsetenv("MHA_PARALLEL_ALWAYS");
 }
+
+// Found by fuzz/fuzz_tile_config: a number too large for JSON's double ("6e3333") made the parser
+// throw out_of_range, not parse_error; it escaped parse_tile_config as a non-mha::Error (MHA_INTERNAL
+// through the C ABI). Now it is a broken config like any other.
+TEST_CASE("a tile config with a number out of range is refused as broken JSON") {
+    for (const char *text : {R"({"format": 6e3333333333333})", R"({"tiles": {"mc": -1e999}})", R"([1e400])"}) {
+        try {
+            parse_tile_config(text, "big.json");
+            FAIL("parsed " << text);
+        } catch (const Error &e) {
+            CHECK(e.status() == Status::invalid_argument);
+            CHECK(std::string(e.what()).find("tile config big.json: not valid JSON") == 0);
+        }
+    }
+}

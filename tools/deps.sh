@@ -1,7 +1,7 @@
 # Sourced by tools/test and tools/run: makes sure every Debian package the build needs is installed.
 MHA_PACKAGES=(meson ninja-build g++ pkg-config cmake libxsimd-dev libtbb-dev doctest-dev libbenchmark-dev
               nlohmann-json3-dev libdnnl-dev libopenblas-dev python3-dev python3-pybind11 python3-pytest python3-numpy
-              python3-torch)
+              python3-torch clang-16 libclang-rt-16-dev)
 
 # The oracle for golden files and fits in tests/data/ (the C++ tests never need it; the Python
 # tests of mha.torch do, so MHA_PACKAGES has it too): tools/goldens.
@@ -34,6 +34,19 @@ meson_build() {
         meson setup "$dir" "$@" >&2
     fi
     meson compile -C "$dir" >&2
+}
+
+# clang_sanitize_build DIR: the sanitizer build of tools/test and tools/fuzz: clang-16, ASan+UBSan,
+# the libFuzzer targets of fuzz/ (and -fsanitize=fuzzer-no-link on everything). A DIR configured with
+# another compiler (an older gcc build-sanitize) is set up afresh.
+clang_sanitize_build() {
+    local dir=$1
+    if [ -f "$dir/build.ninja" ] && ! grep -q 'clang++' "$dir/build.ninja"; then
+        echo "$dir was configured with another compiler; setting it up again with clang-16" >&2
+        rm -rf "$dir"
+    fi
+    CC=clang-16 CXX=clang++-16 meson_build "$dir" -Db_sanitize=address,undefined -Db_lundef=false -Dfuzzers=enabled \
+        -Dbenchmarks=false -Dbuildtype=debugoptimized
 }
 
 # tools/tsan (tools/test --tsan): downloads Debian's oneTBB source and builds it with

@@ -94,8 +94,8 @@ void attention_validate(const AttentionParams &p, const float *q, const float *k
         if (p.batch > 0 && p.q_len > 0 &&
             (__builtin_mul_overflow(p.batch - 1, p.mask_batch_stride, &extent) ||
              __builtin_mul_overflow(p.q_len - 1, p.mask_row_stride, &t) || __builtin_add_overflow(extent, t, &extent) ||
-             __builtin_add_overflow(extent, p.kv_len, &extent)))
-            invalid_argument("mask: the strides overflow");
+             __builtin_add_overflow(extent, p.kv_len, &extent) || extent > INT64_MAX / 8))
+            invalid_argument("mask: the strides overflow");  // (the tensors' limit too: no such array exists)
     }
 }
 

@@ -48,7 +48,7 @@ TileConfigFile parse_tile_config(const std::string &text, const std::string &nam
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error &e) {
+    } catch (const nlohmann::json::exception &e) {  // parse_error, or out_of_range for a number too large
         fail(std::string("not valid JSON (") + e.what() + ")");
     }
     if (!j.is_object()) fail("expected a JSON object at the top level");

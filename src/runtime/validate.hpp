@@ -39,6 +39,11 @@ inline void check_not_null(const char *name, const void *p) {
 // offsets[0] == 0, never decreasing (NULL only for an empty batch). Returns the total row count.
 inline int64_t check_offsets(const char *name, const int64_t *offsets, int64_t num_seqs) {
     if (num_seqs < 0) invalid_argument("num_seqs = " + std::to_string(num_seqs) + " is negative");
+    // No array of num_seqs + 1 int64 (8 bytes each) fits in the address space beyond this: refuse it
+    // before reading one past what the caller can have passed.
+    if (num_seqs > INT64_MAX / 8 - 1)
+        invalid_argument("num_seqs = " + std::to_string(num_seqs) + " is too large: " + name +
+                         " [num_seqs + 1] overflows the address space");
     if (!offsets && num_seqs == 0) return 0;
     check_not_null(name, offsets);
     if (offsets[0] != 0) invalid_argument(std::string(name) + "[0] = " + std::to_string(offsets[0]) + " must be 0");

@@ -68,16 +68,19 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.v_panel = bt * c.nr;
     c.v_head = (cfg.value_dim + c.nr - 1) / c.nr * c.v_panel;
     c.block_floats = round_up(c.v_start + H * c.v_head, 16);
-    c.num_blocks = (cfg.max_tokens + bt - 1) / bt;
+    c.num_blocks = cfg.max_tokens / bt + (cfg.max_tokens % bt != 0);  // (max_tokens + bt - 1 may overflow)
     int64_t floats;
     if (c.num_blocks > INT32_MAX || __builtin_mul_overflow(c.num_blocks, c.block_floats, &floats) ||
         floats > INT64_MAX / 8)
         invalid_argument("kv cache config: max_tokens = " + str(cfg.max_tokens) + " overflows the cache's size");
     c.cfg = cfg;
+    // Whole 2 MiB pages, advised as huge pages, for a cache of at least one; a smaller cache is not
+    // padded to one (nor zeroed past its blocks).
     constexpr size_t kHuge = size_t{2} << 20;
-    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    c.pool = detail::make_aligned<float>(bytes / sizeof(float), kHuge, "kv cache blocks");
-    madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
+    const size_t raw = static_cast<size_t>(floats) * sizeof(float), align = raw >= kHuge ? kHuge : 64;
+    const size_t bytes = (raw + align - 1) / align * align;
+    c.pool = detail::make_aligned<float>(bytes / sizeof(float), align, "kv cache blocks");
+    if (align == kHuge) madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
     std::memset(c.pool.get(), 0, bytes);
     c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
     c.free_blocks.resize(static_cast<size_t>(c.num_blocks));
