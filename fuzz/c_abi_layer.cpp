@@ -225,8 +225,8 @@ void fuzz_layer(Input &in) {
     const bool self = in.flag(3) || (s.kd == s.E && s.vdim == s.E && in.flag());
     Forward f = decode_forward(in, rng, self);
     auto &p = f.p;
-    if (count({p.batch, p.q_len, f.lk, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 20) ||
-        count({p.batch, add(p.q_len, f.lk), add(add(s.E, s.kd), s.vdim), s.H, add(s.hd, s.vd)}) > (int64_t{1} << 22))
+    if (count({p.batch, p.q_len, f.lk, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 16) ||
+        count({p.batch, add(p.q_len, f.lk), add(add(s.E, s.kd), s.vdim), s.H, add(s.hd, s.vd)}) > (int64_t{1} << 18))
         throw Skip{};
     LayerWeights lw;
     mha_layer *layer = create_layer(in, rt, s, lw, rng, E);
@@ -307,7 +307,7 @@ void fuzz_layer_cached(Input &in) {
     if (!rt) return;
     LayerShape s = decode_layer(in, true);
     Rng rng{in.seed()};
-    if (count({s.E, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 14)) throw Skip{};
+    if (count({s.E, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 12)) throw Skip{};
     LayerWeights lw;
     mha_layer *layer = create_layer(in, rt, s, lw, rng, E);
     if (!layer) return;
@@ -389,8 +389,8 @@ void fuzz_encoder(Input &in) {
     Rng rng{in.seed()};
     Forward f = decode_forward(in, rng, true);
     auto &p = f.p;
-    if (count({p.batch, p.q_len, f.lk, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 20) ||
-        count({p.batch, p.q_len, s.E, add(cfg.ffn_dim, mul(s.H, add(s.hd, s.vd)))}) > (int64_t{1} << 20))
+    if (count({p.batch, p.q_len, f.lk, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 16) ||
+        count({p.batch, p.q_len, s.E, add(cfg.ffn_dim, mul(s.H, add(s.hd, s.vd)))}) > (int64_t{1} << 17))
         throw Skip{};
     LayerWeights lw;
     make_weights(s, in, rng, lw);

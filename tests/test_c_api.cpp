@@ -237,3 +237,25 @@ TEST_CASE("a kv cache of INT64_MAX tokens is refused, not overflowed") {
         CHECK(contains(mha_last_error(), "max_tokens"));
     }
 }
+
+// Found by fuzz/fuzz_c_abi: a one-row operand's leading dimension is valid up to INT64_MAX / 4 (it
+// reaches no second row), but the microkernels stepped their pointers by it past the last row,
+// overflowing the address space (UBSan: pointer index expression overflowed).
+TEST_CASE("mha_sgemm with one-row operands and huge leading dimensions") {
+    RuntimeGuard g(1);
+    const int64_t huge = INT64_MAX / 4 - 8;
+    std::vector<float> a = {1, 2, 3}, b = {1, 2, 3, 4, 5, 6}, bt = {1, 2, 3};
+    float c[2] = {-1, -1};
+    // C[1x2] = A[1x3] B[3x2]: A is one row (lda huge), C too (ldc huge).
+    REQUIRE(mha_sgemm(g.rt, 'N', 'N', 1, 2, 3, 1.0f, a.data(), huge, b.data(), 2, 0.0f, c, huge) == MHA_OK);
+    CHECK(c[0] == 22.0f);
+    CHECK(c[1] == 28.0f);
+    // C[3x1]... as C[1x1] with k = 3: B^T stored as one row [1 x 3] (ldb huge), A^T stored [3 x 1].
+    float d = -1;
+    REQUIRE(mha_sgemm(g.rt, 'T', 'T', 1, 1, 3, 1.0f, a.data(), 1, bt.data(), huge, 0.0f, &d, huge) == MHA_OK);
+    CHECK(d == 14.0f);
+    // k = 1: B [1 x 2] is one row.
+    REQUIRE(mha_sgemm(g.rt, 'N', 'N', 1, 2, 1, 1.0f, a.data(), huge, b.data(), huge, 0.0f, c, huge) == MHA_OK);
+    CHECK(c[0] == 1.0f);
+    CHECK(c[1] == 2.0f);
+}

@@ -232,6 +232,12 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     check_sgemm_args(transa, transb, m, n, k, a, lda, b, ldb, c, ldc);
     if (m == 0 || n == 0) return;
     if (k == 0 || alpha == 0.0f) return scale_c(m, n, beta, c, ldc);
+    // A stored matrix of one row never uses its leading dimension, which may then be anything up to
+    // INT64_MAX / 4; but the kernels step their pointers by it (past the end after the last row),
+    // and such a step overflows the address space. The row's width serves the same (same bits).
+    if ((transa == Trans::N ? m : k) == 1) lda = transa == Trans::N ? k : m;
+    if ((transb == Trans::N ? k : n) == 1) ldb = transb == Trans::N ? n : k;
+    if (m == 1) ldc = n;
     auto &s = rt.state();
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
