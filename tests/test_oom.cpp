@@ -114,6 +114,18 @@ long fail_each_allocation(const std::function<mha_status()> &call, const std::fu
     }
 }
 
+// fail_each_allocation for a create call: every failed one must leave *out NULL.
+template <class T, class Create>
+long fail_each_create(T *&out, const Create &create) {
+    return fail_each_allocation(
+        [&] {
+            const mha_status st = create(&out);
+            if (st != MHA_OK) CHECK(out == nullptr);
+            return st;
+        },
+        [] { return std::vector<float>{}; });
+}
+
 std::vector<float> filled(size_t n) { return std::vector<float>(n, mha::test::kSentinel); }
 
 mha_runtime *make_runtime(int threads) {
@@ -192,13 +204,7 @@ void check_call(int threads, const std::function<mha_status(mha_runtime *, std::
 TEST_CASE("out of memory: creating a runtime") {
     for (int threads : {1, 2}) {
         mha_runtime *rt = nullptr;
-        fail_each_allocation(
-            [&] {
-                const mha_status st = mha_runtime_create(threads, &rt);
-                if (st != MHA_OK) CHECK(rt == nullptr);
-                return st;
-            },
-            [] { return std::vector<float>{}; });
+        fail_each_create(rt, [&](mha_runtime **out) { return mha_runtime_create(threads, out); });
         REQUIRE(rt != nullptr);
         mha_runtime_destroy(rt);
     }
@@ -274,24 +280,12 @@ TEST_CASE("out of memory: layers and encoder layers, built and called") {
         const mha_layer_config lc = d.config();
         const mha_layer_weights lw = d.weights();
         mha_layer *layer = nullptr;
-        CHECK(fail_each_allocation(
-            [&] {
-                const mha_status st = mha_layer_create(rt, &lc, &lw, &layer);
-                if (st != MHA_OK) CHECK(layer == nullptr);
-                return st;
-            },
-            [] { return std::vector<float>{}; }) > 0);
+        CHECK(fail_each_create(layer, [&](mha_layer **out) { return mha_layer_create(rt, &lc, &lw, out); }) > 0);
         REQUIRE(layer != nullptr);
         const mha_encoder_config ec = d.encoder_config();
         const mha_encoder_weights ew = d.encoder_weights();
         mha_encoder_layer *enc = nullptr;
-        CHECK(fail_each_allocation(
-            [&] {
-                const mha_status st = mha_encoder_layer_create(rt, &ec, &ew, &enc);
-                if (st != MHA_OK) CHECK(enc == nullptr);
-                return st;
-            },
-            [] { return std::vector<float>{}; }) > 0);
+        CHECK(fail_each_create(enc, [&](mha_encoder_layer **out) { return mha_encoder_layer_create(rt, &ec, &ew, out); }) > 0);
         REQUIRE(enc != nullptr);
 
         // Calling (on fresh runtimes, so the scratch is allocated inside the call).
@@ -371,13 +365,7 @@ TEST_CASE("out of memory: the KV cache, cached attention and the cached layer") 
         cc.head_dim = cc.value_dim = D;
         cc.max_tokens = 1024;
         mha_kv_cache *cache = nullptr;
-        CHECK(fail_each_allocation(
-            [&] {
-                const mha_status st = mha_kv_cache_create(rt, &cc, &cache);
-                if (st != MHA_OK) CHECK(cache == nullptr);
-                return st;
-            },
-            [] { return std::vector<float>{}; }) > 0);
+        CHECK(fail_each_create(cache, [&](mha_kv_cache **out) { return mha_kv_cache_create(rt, &cc, out); }) > 0);
         REQUIRE(cache != nullptr);
         mha_kv_cache *clean = nullptr;
         REQUIRE(mha_kv_cache_create(rt, &cc, &clean) == MHA_OK);
