@@ -28,27 +28,8 @@ and DIR/<shape>/query.npy, so `mha-run --weights DIR/<shape>/weights --num-heads
 import argparse
 import json
 import os
-import sys
-import time
 
-
-def _has_avx512():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return " avx512f" in f.read()
-    except OSError:
-        return False
-
-
-def median_ms(fn, budget):
-    fn()
-    times, start = [], time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < budget:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+from torch_anchor import import_torch, median_ms, serve
 
 
 def parse_shape(shape):
@@ -70,16 +51,7 @@ def main():
     ap.add_argument("shapes", nargs="+", help="B<b>,L<l>,E<e>,H<h>,F<f>")
     args = ap.parse_args()
 
-    # Before torch loads: its OpenMP pool and OpenBLAS read these once, when they start.
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle threads must not spin on mha's cores
-    # SkylakeX's kernels are AVX-512: on a CPU without it (AMD Zen 3) they die with SIGILL.
-    os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX" if _has_avx512() else "Haswell")
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch = import_torch(args.threads)
     layers, fast = {}, {}
     with torch.inference_mode():
         for shape in args.shapes:
@@ -102,22 +74,13 @@ def main():
                 np.save(os.path.join(out, "query.npy"), x.numpy())
 
         if args.serve:
-            for m, x in layers.values():
-                m(x)  # warm-up
-            print(json.dumps({"ready": True, "torch": torch.__version__, "threads": args.threads, "fast_path": fast}),
-                  flush=True)
-            for line in sys.stdin:
-                shape = line.strip()
-                if shape == "quit":
-                    break
-                m, x = layers[shape]
-                t, c = time.perf_counter(), time.process_time()
-                m(x)
-                print(f"{(time.perf_counter() - t) * 1e3:.6f} {(time.process_time() - c) * 1e3:.6f}", flush=True)
+            serve({shape: (lambda m=m, x=x: m(x)) for shape, (m, x) in layers.items()},
+                  {"torch": torch.__version__, "threads": args.threads, "fast_path": fast})
             return
 
-        ms = {shape: median_ms(lambda: m(x), args.budget) for shape, (m, x) in layers.items()}
-    print(json.dumps({"torch": torch.__version__, "threads": args.threads, "fast_path": fast, "ms": ms}))
+        timed = {shape: median_ms(lambda: m(x), args.budget) for shape, (m, x) in layers.items()}
+    print(json.dumps({"torch": torch.__version__, "threads": args.threads, "fast_path": fast,
+                      "ms": {s: t[0] for s, t in timed.items()}, "cpu_per_wall": {s: t[1] for s, t in timed.items()}}))
 
 
 if __name__ == "__main__":

@@ -25,29 +25,8 @@ AVX-512; Debian's OpenBLAS misdetects the CPU otherwise) unless the environment 
 import argparse
 import json
 import os
-import sys
-import time
 
-def _has_avx512():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return " avx512f" in f.read()
-    except OSError:
-        return False
-
-
-def median_ms(fn, budget):
-    """Median wall ms of fn, and the process's CPU time over wall time across the timed runs."""
-    fn()
-    times, cpu, start = [], 0.0, time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < budget:
-        t, c = time.perf_counter(), time.process_time()
-        fn()
-        cpu += time.process_time() - c
-        times.append(time.perf_counter() - t)
-    wall = sum(times)
-    times.sort()
-    return times[len(times) // 2] * 1e3, cpu / wall
+from torch_anchor import import_torch, median_ms, serve
 
 
 def main():
@@ -58,16 +37,7 @@ def main():
     ap.add_argument("--save", help="write each layer's weights and input as .npy under this directory")
     ap.add_argument("shapes", nargs="+", help="B<b>,L<l>,E<e>,H<h>")
     args = ap.parse_args()
-    # Before torch loads: its OpenMP pool and OpenBLAS read these once, when they start.
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(args.threads))
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle threads must not spin on mha's cores
-    # SkylakeX's kernels are AVX-512: on a CPU without it (AMD Zen 3) they die with SIGILL.
-    os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX" if _has_avx512() else "Haswell")
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch = import_torch(args.threads)
     out, ratio, layers = {}, {}, {}
     with torch.inference_mode():
         for shape in args.shapes:
@@ -86,17 +56,8 @@ def main():
                     np.save(os.path.join(d, "weights", key + ".npy"), t.numpy())
                 np.save(os.path.join(d, "query.npy"), x.numpy())
         if args.serve:
-            for m, x in layers.values():
-                m(x, x, x, need_weights=False)  # warm-up
-            print(json.dumps({"ready": True, "torch": torch.__version__, "threads": args.threads}), flush=True)
-            for line in sys.stdin:
-                shape = line.strip()
-                if shape == "quit":
-                    break
-                m, x = layers[shape]
-                t, c = time.perf_counter(), time.process_time()
-                m(x, x, x, need_weights=False)
-                print(f"{(time.perf_counter() - t) * 1e3:.6f} {(time.process_time() - c) * 1e3:.6f}", flush=True)
+            serve({shape: (lambda m=m, x=x: m(x, x, x, need_weights=False)) for shape, (m, x) in layers.items()},
+                  {"torch": torch.__version__, "threads": args.threads})
             return
     print(json.dumps({"torch": torch.__version__, "threads": args.threads, "ms": out, "cpu_per_wall": ratio}))
 

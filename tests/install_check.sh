@@ -18,6 +18,7 @@ for tool in mha-bench mha-tune mha-run; do
 done
 [ -f "$(find "$stage" -path "*/share/mha/torch_layer.py" | head -1)" ] || { echo "share/mha/torch_layer.py not installed"; exit 1; }
 [ -f "$(find "$stage" -path "*/share/mha/torch_encoder.py" | head -1)" ] || { echo "share/mha/torch_encoder.py not installed"; exit 1; }
+[ -f "$(find "$stage" -path "*/share/mha/torch_anchor.py" | head -1)" ] || { echo "share/mha/torch_anchor.py not installed"; exit 1; }
 # The Python package, when the build has it (python3-pybind11 present).
 if [ -n "$(find "$build_dir/python/mha" -name '_mha*.so' 2>/dev/null | head -1)" ]; then
     [ -f "$(find "$stage" -path "*/mha/__init__.py" | head -1)" ] || { echo "the python package mha was not installed"; exit 1; }
