@@ -105,7 +105,8 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 if (ir0 >= ir1) return;
                 const float *bp = pre.b ? pre.b->block(pc, pre.j0 + jc) : nullptr;
                 if (!bp) {
-                    float *own = b_packs + RuntimeState::this_thread_slot() * b_size;
+                    // On one thread the call may run outside the arena (see in_arena): slot 0.
+                    float *own = b_packs + (T == 1 ? 0 : RuntimeState::this_thread_slot()) * b_size;
                     uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own);
                     bp = own;
                 }
@@ -193,6 +194,14 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     return p;
 }
 
+// Runs fn in the runtime's arena when the work pays for more than one thread; else right here on
+// the calling thread, which saves entering the arena (several microseconds on a call of a few).
+template <class Fn>
+void in_arena(RuntimeState &s, double flops, const Fn &fn) {
+    if (s.threads_for(flops, s.tiles.parallel_min_flops) == 1) return fn();
+    s.arena.execute(fn);
+}
+
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
                      const float *bias, float *c, int64_t ldc, Epilogue act) {
     if (b.kernel != s.sgemm->name || b.kc != s.tiles.kc)
@@ -200,7 +209,7 @@ void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int6
                          ", but this runtime uses " + s.sgemm->name + " with kc = " + std::to_string(s.tiles.kc) +
                          "; build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
-    s.arena.execute([&] {
+    in_arena(s, 2.0 * m * n * b.k, [&] {
         sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias, act},
                      Prepacked{&b, j0});
     });
@@ -244,7 +253,7 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     const Output C{c, ldc, alpha, beta};
     // The small-problem path does not block K: past 8192 its k x NC block of B would outgrow L2.
     const bool sup = (n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k) && k <= 8192;
-    s.arena.execute([&] { sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C); });
+    in_arena(s, 2.0 * m * n * k, [&] { sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C); });
 }
 
 } // namespace mha

@@ -56,8 +56,14 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
     // threads work at Lk = 2048 in decode.
     t.attn_kv_chunk = 1024;
-    // Threads only where they pay: measured break-evens (mha-bench --filter threads), see README.
-    t.parallel_min_flops = int64_t{4} << 20;
+    // Threads only where they pay (mha-bench --filter threads --threads 2: each row's call on
+    // every thread against one thread). AMD EPYC Zen 3, 2 threads: sgemm n^3 broke even at
+    // n = 192-256 (14-34 MFLOP; 0.78x at 128^3, 1.16x at 384^3), the attention between L 32 and 64
+    // at H8 D64 (2-8 MFLOP; 1.34x at L 128), softmax over 128 columns between 512 and 1024 rows
+    // (0.58x at 64K elements, 1.41x at 128K). So a second thread from 16 MFLOP (rejected: 4 MFLOP
+    // per thread, 0.8x on sgemm 128^3; 16 MFLOP keeps L 128 attention on one thread, 1.3x slower)
+    // and from 128K elements.
+    t.parallel_min_flops = int64_t{8} << 20;
     t.parallel_min_elems = int64_t{64} << 10;
     return t;
 }
