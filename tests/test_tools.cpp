@@ -199,7 +199,10 @@ TEST_CASE("mha-bench --filter encoder --quick --json: the encoder layer beside P
     if (fwd["vs"].contains("oneDNN")) CHECK(fwd["max_abs_diff_vs_oneDNN"].get<double>() < 1e-3);  // the same layer
     if (fwd["vs"].contains("PyTorch")) {
         CHECK(fwd["torch_ms"].get<double>() > 0);
-        CHECK(fwd["torch_fast_path"] == true);  // nn.TransformerEncoderLayer's fused path, the anchor the issue names
+        CHECK(fwd["torch_fast_path"] == true);
+        // Its threads were checked: the child's CPU time over its wall time, and the verdict.
+        CHECK(fwd["anchor_cpu_per_wall"]["PyTorch"].get<double>() > 0);
+        CHECK(fwd["anchor_valid"]["PyTorch"].is_boolean());  // nn.TransformerEncoderLayer's fused path, the anchor the issue names
     } else {
         MESSAGE("no PyTorch anchor (python3-torch not installed?)");
     }
@@ -222,4 +225,18 @@ TEST_CASE("mha-bench on two threads compares each row with one thread") {
     const auto &row = j["results"][0];
     CHECK(row["threads"] == 2);
     CHECK(row["vs"]["1 thread"].get<double>() > 0);
+}
+
+TEST_CASE("mha-bench --filter threads: a small call on 2 threads beside 1 thread and every thread") {
+    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1,2 --filter threads/softmax/32x128", false);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    REQUIRE(j["results"].size() == 1);
+    const auto &row = j["results"][0];
+    CHECK(row["suite"] == "threads");
+    CHECK(row["threads"] == 2);
+    CHECK(row["vs"]["1 thread"].get<double>() > 0);
+    CHECK(row["vs"]["all threads"].get<double>() > 0);
+    CHECK(row["cpu_per_wall"].get<double>() > 0);
+    CHECK(row["anchor_valid"]["1 thread"] == true);  // mha's own anchors are not judged
 }

@@ -100,6 +100,7 @@ void measure(const Context &ctx, Row r, double work, const std::function<void()>
             }
             t[i + 1] = median_of(ms) * 1e-3;
             ratio = wall_ms > 0 ? cpu_ms / wall_ms : 0;
+            if (a.name == "PyTorch") r.extra["torch_ms"] = t[i + 1] * 1e3;  // its own time, not our clock's
         }
         // The libraries' thread pools are what can ignore the count they are given; mha's own
         // anchors run on task_arenas of their size by construction (and a short call of theirs
