@@ -110,7 +110,8 @@ std::vector<double> norm_rows(const std::vector<double> &x, int64_t rows, int64_
 // pre-norm), k_rows [lk, kd], v_rows [lk, vdim] -> [lq, E] (out projection and bias included).
 std::vector<double> attend(const LayerShape &s, const LayerWeights &lw, const std::vector<double> &q_rows, int64_t lq,
                            const std::vector<double> &k_rows, const std::vector<double> &v_rows, int64_t lk, bool causal,
-                           const int32_t *valid, const uint8_t *mask, int64_t mrs, std::vector<double> *weights) {
+                           const int32_t *valid, const uint8_t *mask, int64_t mrs, std::vector<double> *weights,
+                           std::vector<double> *mag = nullptr) {
     const auto Q = mha::ref::linear(q_rows.data(), lq, s.E, lw.wq.v.data(), opt(lw.bq), s.H * s.hd);
     const auto K = mha::ref::linear(k_rows.data(), lk, s.kd, lw.wk.v.data(), opt(lw.bk), s.Hkv * s.hd);
     const auto V = mha::ref::linear(v_rows.data(), lk, s.vdim, lw.wv.v.data(), opt(lw.bv), s.Hkv * s.vd);
@@ -118,6 +119,14 @@ std::vector<double> attend(const LayerShape &s, const LayerWeights &lw, const st
                               valid, mask, 0, mrs};
     std::vector<double> O;
     mha::ref::attention(c, Q.data(), K.data(), V.data(), O, weights);
+    if (mag) {  // what the output projection sums, in magnitude: its rounding error scales with it
+        std::vector<double> abs_o(O.size());
+        std::vector<float> abs_wo(lw.wo.v.size()), abs_bo;
+        for (size_t i = 0; i < O.size(); ++i) abs_o[i] = std::fabs(O[i]);
+        for (size_t i = 0; i < abs_wo.size(); ++i) abs_wo[i] = std::fabs(lw.wo.v[i]);
+        if (opt(lw.bo)) for (float b : lw.bo.v) abs_bo.push_back(std::fabs(b));
+        *mag = mha::ref::linear(abs_o.data(), lq, s.H * s.vd, abs_wo.data(), abs_bo.empty() ? nullptr : abs_bo.data(), s.E);
+    }
     return mha::ref::linear(O.data(), lq, s.H * s.vd, lw.wo.v.data(), opt(lw.bo), s.E);
 }
 
@@ -133,8 +142,17 @@ std::vector<double> layer_ref(const LayerShape &s, const LayerWeights &lw, const
     std::vector<double> qin = X;
     if (norm == MHA_NORM_PRE) qin = norm_rows(X, lq, s.E, lw.nw, lw.nb, s.eps, nullptr);
     const std::vector<double> kin = self ? qin : to_double(key, lk * s.kd), vin = self ? qin : to_double(value, lk * s.vdim);
-    auto f = attend(s, lw, qin, lq, kin, vin, lk, causal, valid, mask, mrs, weights);
+    std::vector<double> mag;
+    auto f = attend(s, lw, qin, lq, kin, vin, lk, causal, valid, mask, mrs, weights, &mag);
+    // Each row's tolerance grows with the largest sum its output projection and residual make (a
+    // wide layer's fp32 sums round at that scale, however small the result).
     tol.assign(static_cast<size_t>(lq), 2e-4);
+    for (int64_t r = 0; r < lq; ++r) {
+        double big = 0;
+        for (int64_t i = 0; i < s.E; ++i)
+            big = std::max(big, mag[static_cast<size_t>(r * s.E + i)] + (norm == MHA_NORM_NONE ? 0.0 : std::fabs(X[static_cast<size_t>(r * s.E + i)])));
+        tol[static_cast<size_t>(r)] += 4e-6 * big;
+    }
     if (norm == MHA_NORM_NONE) return f;
     for (size_t i = 0; i < f.size(); ++i) f[i] += X[i];
     if (norm == MHA_NORM_PRE) return f;
