@@ -217,6 +217,7 @@ void fuzz_attention(Input &in) {
                               p.causal != 0, p.kv_valid_lens, p.mask, p.mask_batch_stride, p.mask_row_stride};
     std::vector<double> want, want_w;
     mha::ref::attention(c, q.v.data(), k.v.data(), v.v.data(), want, need_weights ? &want_w : nullptr);
+    if (!well_conditioned(c.scale)) return expect_convex(E, out.data(), want.size(), v.v);
     for (size_t i = 0; i < want.size(); ++i) expect_close(E, "out", out.data()[i], want[i], 1e-4);
     if (need_weights)
         for (size_t i = 0; i < want_w.size(); ++i) expect_close(E, "weights", w.data()[i], want_w[i], 1e-6);
@@ -307,6 +308,10 @@ void fuzz_varlen(Input &in) {
                             k.v.data() + (nk ? k0 * p.num_kv_heads * p.head_dim : 0),
                             v.v.data() + (nk ? k0 * p.num_kv_heads * p.value_dim : 0), want);
         const float *o = out.data() + q0 * p.num_heads * p.value_dim;
+        if (!well_conditioned(scale)) {
+            expect_convex(E, o, want.size(), v.v);
+            continue;
+        }
         for (size_t i = 0; i < want.size(); ++i) expect_close(E, "out", o[i], want[i], 1e-4);
     }
 }
@@ -488,6 +493,10 @@ void fuzz_kv_cache(Input &in) {
                 std::vector<double> want;
                 mha::ref::attention(c, q.v.data() + qo[s] * p.num_heads * D, it->second.k.data(), it->second.v.data(), want);
                 const float *o = out.data() + qo[s] * p.num_heads * Dv;
+                if (!well_conditioned(scale)) {
+                    expect_convex(E, o, want.size(), it->second.v);
+                    continue;
+                }
                 for (size_t i = 0; i < want.size(); ++i) expect_close(E, "cached out", o[i], want[i], 1e-4);
             }
         } else {  // the getters, with NULL outputs now and then

@@ -8,6 +8,7 @@
 // Any violation prints "mha-fuzz: ..." (tools/fuzz counts "canary" lines) and traps.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -220,6 +221,25 @@ inline void expect_close(const char *entry, const char *what, double got, double
         std::fprintf(stderr, "mha-fuzz: %s: %s = %.9g, the reference gives %.9g\n", entry, what, got, want);
         fail(entry, "mismatch with the reference");
     }
+}
+
+// With |scale| beyond this, scores of a few units become ~1e2 apart or more, and the softmax of fp32
+// scores against double ones is ill-conditioned: two keys a rounding apart may split their weight
+// one way in fp32 and the other in double (the 10^6 run met scale 1e30 with a near tie). Such calls
+// are checked only for what holds under any rounding (expect_convex), not against the reference.
+inline bool well_conditioned(double scale) { return std::fabs(scale) <= 64; }
+
+// Every output of an attention is a convex combination of V values (or 0 for a row with no visible
+// key): within [min V, max V] of all the V the call was given, widened by a rounding.
+inline void expect_convex(const char *entry, const float *out, size_t n, const std::vector<float> &v) {
+    double lo = 0, hi = 0;
+    for (float x : v) lo = std::min(lo, static_cast<double>(x)), hi = std::max(hi, static_cast<double>(x));
+    const double slack = 1e-5 * (1 + std::max(-lo, hi));
+    for (size_t i = 0; i < n; ++i)
+        if (!(out[i] >= lo - slack && out[i] <= hi + slack)) {
+            std::fprintf(stderr, "mha-fuzz: %s: out = %.9g outside the V range [%g, %g]\n", entry, out[i], lo, hi);
+            fail(entry, "an output that no softmax of V gives");
+        }
 }
 
 // The runtimes: created once per process, one with 1 thread and one with 2.
