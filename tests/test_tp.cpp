@@ -339,6 +339,8 @@ TEST_CASE("the sharded layer in place (out == query) and with empty calls") {
     CHECK_NOTHROW(tp.forward(rt, p, nullptr, nullptr, nullptr, nullptr));
     CHECK(tp.timing().calls == 3);
     CHECK(tp.timing().comm_seconds <= tp.timing().seconds);
+    CHECK(tp.timing().wait_seconds <= tp.timing().comm_seconds);
+    CHECK(tp.timing().wait_seconds > 0);
 }
 
 TEST_CASE("the sharded layer's ragged and cached forms") {

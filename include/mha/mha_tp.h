@@ -113,6 +113,8 @@ mha_status mha_tp_layer_forward_varlen(mha_runtime *rt, const mha_tp_layer *laye
 typedef struct mha_tp_timing {
     int64_t calls;
     double seconds, comm_seconds;
+    double wait_seconds;  /* the part of comm_seconds in the status agreement, the first MPI call after this rank's
+                             heads are done: mostly waiting for the slowest rank (imbalance, not the network) */
 } mha_tp_timing;
 mha_status mha_tp_layer_timing(const mha_tp_layer *layer, mha_tp_timing *out);
 mha_status mha_tp_layer_reset_timing(mha_tp_layer *layer);

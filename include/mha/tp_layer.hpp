@@ -28,6 +28,7 @@ TpShard tp_shard_for(const LayerConfig &config, int rank, int size);
 struct TpTiming {
     int64_t calls = 0;
     double seconds = 0, comm_seconds = 0;  // in the forward calls; the part of it in MPI
+    double wait_seconds = 0;  // the part of comm_seconds in the status agreement: waiting for the slowest rank
 };
 
 class TpLayer {

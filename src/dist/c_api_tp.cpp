@@ -150,6 +150,7 @@ mha_status mha_tp_layer_timing(const mha_tp_layer *layer, mha_tp_timing *out) {
         out->calls = t.calls;
         out->seconds = t.seconds;
         out->comm_seconds = t.comm_seconds;
+        out->wait_seconds = t.wait_seconds;
     });
 }
 
