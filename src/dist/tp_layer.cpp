@@ -408,8 +408,8 @@ TpLayer::TpLayer(Runtime &rt, MPI_Comm comm, const LayerConfig &config, const La
         }
         for (auto *v : {&m.send_counts, &m.send_displs, &m.recv_counts, &m.recv_displs, &m.block_counts, &m.block_displs})
             v->assign(static_cast<size_t>(m.size), 0);
-        check_mpi(MPI_Type_contiguous(static_cast<int>(std::min<int64_t>(E, INT_MAX)), MPI_FLOAT, &m.h.row),
-                  "MPI_Type_contiguous");
+        if (E > INT_MAX) throw Error(Status::unsupported, "embed_dim is more than an MPI datatype counts");
+        check_mpi(MPI_Type_contiguous(static_cast<int>(E), MPI_FLOAT, &m.h.row), "MPI_Type_contiguous");
         check_mpi(MPI_Type_commit(&m.h.row), "MPI_Type_commit");
     });
     agree(m.h.comm, m.rank, m.size, failed, key,
