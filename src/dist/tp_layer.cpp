@@ -438,7 +438,8 @@ void TpLayer::forward(Runtime &rt, const LayerForward &p, const float *query, co
     const Impl::Call call(m);
     const bool self = (!key && !value) || (key == query && value == query);
     int64_t rows = 0;
-    const CallKey k{1, p.batch, p.q_len, self && p.kv_len == 0 ? p.q_len : p.kv_len, p.causal, self, p.weights != nullptr,
+    const int64_t kv_len = self && p.kv_len == 0 ? p.q_len : p.kv_len;
+    const CallKey k{1, p.batch, p.q_len, kv_len, p.causal, self, p.weights != nullptr,
                     (p.mask ? 1 : 0) | (p.kv_valid_lens ? 2 : 0)};
     const std::optional<Error> failed = attempt([&] {
         auto &st = rt.state();
@@ -446,7 +447,6 @@ void TpLayer::forward(Runtime &rt, const LayerForward &p, const float *query, co
         detail::check_size("q_len", p.q_len);
         detail::check_size("kv_len", p.kv_len);
         rows = product(p.batch, p.q_len, "query");
-        const int64_t kv_len = k[3];
         if (kv_len > INT_MAX) throw Error(Status::unsupported, "kv_len is more than one MPI message counts");
         const int64_t prob_rows = p.weights ? product(rows, m.shard.num_heads, "weights") : 0;
         if (prob_rows > INT_MAX) throw Error(Status::unsupported, "the weights' rows are more than one MPI message counts");
@@ -460,7 +460,7 @@ void TpLayer::forward(Runtime &rt, const LayerForward &p, const float *query, co
     });
     m.agree_call(failed, k, {"the call", "batch", "q_len", "kv_len", "causal", "self-attention", "weights", "masks"});
     m.reduce(rt.state(), rows, query, out);
-    if (p.weights) m.gather_probs(p.batch, p.q_len, k[3], p.weights);
+    if (p.weights) m.gather_probs(p.batch, p.q_len, kv_len, p.weights);
 }
 
 void TpLayer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x, float *out) const {
