@@ -3,6 +3,7 @@
 // and structs. Internal: not installed.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "mha/layer.hpp"
