@@ -27,3 +27,29 @@ fi
 cc "$example" -o "$stage/prog" $(pkg-config --cflags --libs mha) -lm
 libdir=$(dirname "$(find "$stage" -name 'libmha.so' | head -1)")
 LD_LIBRARY_PATH=$libdir "$stage/prog"
+
+# The sharded layer (-Dmpi builds): mha_tp.h compiles as C99 against the installed mha_tp.pc and
+# libmha_tp links and runs (mha_tp_shard_for needs no MPI_Init, so no mpirun).
+tp_pc=$(find "$stage" -name mha_tp.pc | head -1)
+if [ -n "$tp_pc" ]; then
+    for h in mha_tp.h tp_layer.hpp; do
+        [ -f "$(find "$stage" -path "*/include/mha/$h" | head -1)" ] || { echo "include/mha/$h not installed"; exit 1; }
+    done
+    cat > "$stage/tp.c" <<'EOF'
+#include <mha/mha_tp.h>
+int main(void) {
+    mha_layer_config cfg = {0};
+    mha_tp_shard s;
+    cfg.embed_dim = 64;
+    cfg.num_heads = 8;
+    cfg.num_kv_heads = 2;
+    if (mha_tp_shard_for(&cfg, 1, 2, &s) != MHA_OK || s.head_begin != 4 || s.num_kv_heads != 1) return 1;
+    return mha_tp_shard_for(&cfg, 0, 4, &s) == MHA_INVALID_ARGUMENT ? 0 : 1;
+}
+EOF
+    # MPI's own flags come from outside the staging sysroot (the sysroot prefixes every package's paths).
+    mpi_pcs=$(sed -n 's/^Requires: *//p' "$tp_pc" | tr ', ' '\n\n' | grep -v -e '^mha$' -e '^$' || true)
+    cc -std=c99 -Wall -pedantic "$stage/tp.c" -o "$stage/tp" $(pkg-config --cflags --libs mha_tp) \
+        $(PKG_CONFIG_SYSROOT_DIR= pkg-config --cflags --libs $mpi_pcs)
+    LD_LIBRARY_PATH=$libdir "$stage/tp"
+fi

@@ -131,6 +131,24 @@ TEST_CASE("mha-bench: every flag") {
     CHECK_THROWS_AS(parse_bench_args({"--threads", "0"}), UsageError);
     CHECK_THROWS_AS(parse_bench_args({"--threads"}), UsageError);
     CHECK_THROWS_AS(parse_bench_args({"--fast"}), UsageError);
+    CHECK_FALSE(d.mpi);
+    CHECK_FALSE(d.threads_given);
+    const BenchOptions m = parse_bench_args({"--mpi", "--threads", "1"});
+    CHECK(m.mpi);
+    CHECK(m.threads_given);
+    CHECK_THROWS_AS(parse_bench_args({"--mpi", "--mpi"}), UsageError);
+}
+
+TEST_CASE("mha-run: --tp") {
+    CHECK_FALSE(parse_run_args(kMinimal).tp);
+    const RunOptions o = parse_run_args(with({"--tp", "--out", "o.npy", "--attn-weights", "w.npy", "--repeat", "3", "--json"}));
+    CHECK(o.tp);
+    CHECK(o.repeat == 3);
+    CHECK(parse_run_args(with({"--tp", "--key", "k.npy", "--value", "v.npy", "--causal"})).tp);
+    auto err = [](const std::vector<std::string> &a) { return usage_error(a, parse_run_args); };
+    CHECK(err(with({"--tp", "--tp"})).find("--tp is given twice") != std::string::npos);
+    CHECK(err(with({"--tp", "--generate", "4"})).find("--generate does not take --tp") != std::string::npos);
+    CHECK(err(with({"--tp", "--encoder-layers", "1"})).find("--encoder-layers does not take --tp") != std::string::npos);
 }
 
 TEST_CASE("mha-tune: every flag") {

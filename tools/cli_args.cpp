@@ -15,6 +15,7 @@ const char *const kRunUsage =
     "               [--attn-weights w.npy [--average-attn-weights]] [--threads N] [--repeat N] [--json]\n"
     "       mha-run --weights PATH [--prefix P] --num-heads H --query q.npy --generate N [--prefill-chunk N]\n"
     "               [--check-invariance] [--out o.npy] [--threads N] [--json]\n"
+    "       mpirun -np N mha-run --tp --weights PATH --num-heads H --query q.npy [the first form's flags]\n"
     "       mha-run --weights PATH [--prefix P] --num-heads H --query x.npy --encoder-layers N [--ffn-dim F]\n"
     "               [--activation relu|gelu] [--norm-first] [--norm-eps E] [--key-padding-mask m.npy]\n"
     "               [--attn-mask m.npy] [--causal] [--out o.npy] [--threads N] [--repeat N] [--json]\n"
@@ -43,7 +44,10 @@ const char *const kRunUsage =
     "  --prefill-chunk N         with --generate: prefill N tokens per call (default: the whole query at once)\n"
     "  --check-invariance        with --generate: compare every row, prompt and generated, with one causal\n"
     "                            forward pass over the whole sequence (prompt + generated rows as input), bit\n"
-    "                            for bit, and say so; exit status 3 if any row differs\n"    "  --encoder-layers N        run an encoder: N = 1 takes an nn.TransformerEncoderLayer's state_dict\n"
+    "                            for bit, and say so; exit status 3 if any row differs\n"    "  --tp                      shard the layer's heads across the ranks of MPI_COMM_WORLD (run under\n"
+    "                            mpirun -np N, N dividing H); every rank reads the inputs, rank 0 alone prints\n"
+    "                            and writes --out / --attn-weights. Needs a build with -Dmpi (OpenMPI)\n"
+    "  --encoder-layers N        run an encoder: N = 1 takes an nn.TransformerEncoderLayer's state_dict\n"
     "                            (self_attn.in_proj_weight, self_attn.out_proj.weight, linear1.weight, linear2.weight,\n"
     "                            norm1.weight, norm2.weight and their biases) or a one-layer nn.TransformerEncoder's;\n"
     "                            N > 1 an nn.TransformerEncoder's (the same keys under layers.0. ... layers.N-1.,\n"
@@ -57,7 +61,10 @@ const char *const kRunUsage =
 
 const char *const kBenchUsage =
     "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
+    "       mpirun -np N mha-bench --mpi [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
     "  Suites: gemm, softmax, attention, decode, layer, serving, encoder; each row beside its anchors, in one run.\n"
+    "  --mpi        the mpi suite alone (implied under mpirun): the layer sharded over the N ranks, its time per\n"
+    "               forward, the share spent communicating and the speed-up over one rank (-Dmpi builds)\n"
     "  --quick      the short run (under a minute)\n"
     "  --threads    thread counts to run (default 1,2)\n"
     "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
@@ -128,6 +135,7 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
           {"--json", [&] { o.json = true; }},
           {"--check-invariance", [&] { o.check_invariance = true; }},
           {"--norm-first", [&] { o.norm_first = true; }},
+          {"--tp", [&] { o.tp = true; }},
           {"--help", [&] { o.help = true; }},
           {"-h", [&] { o.help = true; }}},
          {{"--weights", path(o.weights)},
@@ -185,7 +193,8 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
             {!o.attn_weights.empty(), "--attn-weights (an encoder layer returns no attention weights)"},
             {o.generate != 0, "--generate (an encoder runs whole sequences)"},
             {o.prefill_chunk != 0, "--prefill-chunk"},
-            {o.check_invariance, "--check-invariance"}};
+            {o.check_invariance, "--check-invariance"},
+            {o.tp, "--tp (the sharded layer is the attention layer)"}};
         for (const auto &[given, what] : not_with)
             if (given) throw UsageError(std::string("--encoder-layers does not take ") + what);
         return o;
@@ -200,7 +209,8 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
             {!o.key_padding_mask.empty(), "--key-padding-mask (it runs causally over a KV cache)"},
             {!o.attn_mask.empty(), "--attn-mask (it runs causally over a KV cache)"},
             {!o.attn_weights.empty(), "--attn-weights"},
-            {repeat_given, "--repeat (it times every step)"}};
+            {repeat_given, "--repeat (it times every step)"},
+            {o.tp, "--tp (the sharded layer runs the plain forward pass)"}};
         for (const auto &[given, what] : not_with)
             if (given) throw UsageError(std::string("--generate does not take ") + what);
         o.causal = true;
@@ -213,11 +223,13 @@ BenchOptions parse_bench_args(const std::vector<std::string> &args) {
     walk(args,
          {{"--quick", [&] { o.quick = true; }},
           {"--json", [&] { o.json = true; }},
+          {"--mpi", [&] { o.mpi = true; }},
           {"--help", [&] { o.help = true; }},
           {"-h", [&] { o.help = true; }}},
          {{"--filter", [&](const std::string &v) { o.filter = v; }},
           {"--threads", [&](const std::string &v) {
                o.threads.clear();
+               o.threads_given = true;
                size_t pos = 0;
                while (pos <= v.size()) {
                    const size_t end = std::min(v.find(',', pos), v.size());

@@ -39,13 +39,17 @@ struct RunOptions {
     std::string activation = "relu";  // --activation relu|gelu
     bool norm_first = false;      // --norm-first: pre-norm (PyTorch's norm_first=True)
     float norm_eps = 1e-5f;       // --norm-eps E: layer_norm_eps
+    // The layer's heads sharded across the ranks of MPI_COMM_WORLD (run under mpirun; -Dmpi builds).
+    bool tp = false;              // --tp
 };
 RunOptions parse_run_args(const std::vector<std::string> &args);
 extern const char *const kRunUsage;
 
 struct BenchOptions {
     bool quick = false, json = false, help = false;
+    bool mpi = false;             // --mpi: the mpi suite alone (implied when mpirun started mha-bench)
     std::vector<int> threads = {1, 2};
+    bool threads_given = false;   // --threads was on the command line (the mpi suite's default is 1)
     std::string filter;
 };
 BenchOptions parse_bench_args(const std::vector<std::string> &args);

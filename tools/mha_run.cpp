@@ -22,6 +22,9 @@
 #include "mha/encoder.hpp"
 #include "mha/layer.hpp"
 #include "mha/serving.hpp"
+#ifdef MHA_WITH_MPI
+#include "mha/tp_layer.hpp"
+#endif
 
 using namespace mha;
 
@@ -267,7 +270,103 @@ int run_encoder(const cli::RunOptions &o) {
     return 0;
 }
 
+#ifdef MHA_WITH_MPI
+// --tp: the layer's heads sharded across the ranks of MPI_COMM_WORLD. Every rank reads the weights
+// and inputs and keeps its heads; the ranks agree that all of them read their files before the
+// layer is built (a rank that cannot read them fails every rank instead of leaving them waiting);
+// rank 0 alone prints and writes.
+int run_tp(const cli::RunOptions &o) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::unique_ptr<io::MhaWeights> w;
+    Inputs in;
+    std::exception_ptr failed;
+    try {
+        w = std::make_unique<io::MhaWeights>(io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads));
+        const int64_t E = w->config.embed_dim;
+        if (E % o.num_heads != 0)
+            throw cli::UsageError("--num-heads " + std::to_string(o.num_heads) + " does not divide embed_dim " + std::to_string(E));
+        const LayerConfig rc = w->config.resolved();
+        in = read_inputs(o, E, rc.kdim, rc.vdim);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    int any = failed ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (failed) std::rethrow_exception(failed);
+    if (any) {
+        std::fprintf(stderr, "mha-run: rank %d of %d: another rank could not read its inputs\n", rank, size);
+        return 2;
+    }
+    const LayerConfig &c = w->config;
+    const int64_t E = c.embed_dim;
+    Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
+    TpLayer layer(rt, MPI_COMM_WORLD, c, w->view());
+    LayerForward p = forward_params(in, o.causal);
+    std::vector<float> out(static_cast<size_t>(in.B * in.Lq * E));
+    std::vector<float> weights(o.attn_weights.empty() ? 0 : static_cast<size_t>(in.B * o.num_heads * in.Lq * in.Lk));
+    if (!weights.empty()) p.weights = weights.data();
+    std::vector<double> ms;
+    for (int r = 0; r < o.repeat; ++r) {
+        MPI_Barrier(MPI_COMM_WORLD);  // every run starts together, so a run's time is the layer's, not a late start's
+        const auto t0 = std::chrono::steady_clock::now();
+        layer.forward(rt, p, in.query.data(), in.key.empty() ? nullptr : in.key.data(),
+                      in.value.empty() ? nullptr : in.value.data(), out.data());
+        ms.push_back(ms_since(t0));
+        if (o.repeat > 1 && !o.json && rank == 0) std::printf("run %d: %.3f ms\n", r + 1, ms.back());
+        if (r == 0 && o.repeat > 1) layer.reset_timing();  // the first run opens MPI's connections
+    }
+    const TpTiming t = layer.timing();
+    double comm_share = t.seconds > 0 ? t.comm_seconds / t.seconds : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &comm_share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);  // the worst rank's
+    if (rank != 0) return 0;
+
+    if (!o.out.empty()) io::write_npy(o.out, {in.B, in.Lq, E}, out.data());
+    if (!o.attn_weights.empty()) {
+        if (o.average_attn_weights) {
+            const int64_t H = o.num_heads, per = in.Lq * in.Lk;
+            std::vector<float> avg(static_cast<size_t>(in.B * per));
+            for (int64_t b = 0; b < in.B; ++b)
+                for (int64_t x = 0; x < per; ++x) {
+                    double s = 0;
+                    for (int64_t h = 0; h < H; ++h) s += weights[static_cast<size_t>((b * H + h) * per + x)];
+                    avg[static_cast<size_t>(b * per + x)] = static_cast<float>(s / static_cast<double>(H));
+                }
+            io::write_npy(o.attn_weights, {in.B, in.Lq, in.Lk}, avg.data());
+        } else {
+            io::write_npy(o.attn_weights, {in.B, o.num_heads, in.Lq, in.Lk}, weights.data());
+        }
+    }
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double best = sorted.front(), median = sorted[sorted.size() / 2];
+    const double gflops = layer.flops(p) / (best * 1e-3) * 1e-9;
+    if (o.json) {
+        nlohmann::json j = {{"mode", "tp"}, {"best_ms", best}, {"median_ms", median}, {"gflops", gflops},
+                            {"ranks", size}, {"threads", rt.num_threads()}, {"comm_share", comm_share}, {"runs_ms", ms},
+                            {"batch", in.B}, {"q_len", in.Lq}, {"kv_len", in.Lk}, {"embed_dim", E},
+                            {"num_heads", o.num_heads}, {"isa", std::string(isa_name(rt.isa()))}};
+        std::printf("%s\n", j.dump().c_str());
+    } else {
+        std::printf("mha-run: B %ld, Lq %ld, Lk %ld, E %ld, H %ld sharded over %d rank%s of %d thread%s: best %.3f ms, "
+                    "median %.3f ms, %.1f GFLOP/s, %.1f%% communicating\n",
+                    static_cast<long>(in.B), static_cast<long>(in.Lq), static_cast<long>(in.Lk), static_cast<long>(E),
+                    static_cast<long>(o.num_heads), size, size > 1 ? "s" : "", rt.num_threads(),
+                    rt.num_threads() > 1 ? "s" : "", best, median, gflops, 100 * comm_share);
+    }
+    return 0;
+}
+#endif
+
 int run(const cli::RunOptions &o) {
+    if (o.tp) {
+#ifdef MHA_WITH_MPI
+        return run_tp(o);
+#else
+        throw cli::UsageError("--tp needs an mha-run built with MPI (meson -Dmpi=enabled, OpenMPI's libopenmpi-dev)");
+#endif
+    }
     if (o.encoder_layers) return run_encoder(o);
     const io::MhaWeights w = io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads);
     const LayerConfig &c = w.config;
@@ -334,7 +433,9 @@ int run(const cli::RunOptions &o) {
 
 } // namespace
 
-int main(int argc, char **argv) {
+namespace {
+
+int run_main(int argc, char **argv) {
     try {
         const cli::RunOptions o = cli::parse_run_args(cli::args_of(argc, argv));
         if (o.help) {
@@ -355,4 +456,19 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "mha-run: %s\n", e.what());
         return 1;
     }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+#ifdef MHA_WITH_MPI
+    // MPI only for --tp: a plain run never starts it (nor needs mpirun).
+    const bool tp = std::any_of(argv + 1, argv + argc, [](const char *a) { return std::strcmp(a, "--tp") == 0; });
+    if (tp) MPI_Init(&argc, &argv);
+    const int code = run_main(argc, argv);
+    if (tp) MPI_Finalize();
+    return code;
+#else
+    return run_main(argc, argv);
+#endif
 }

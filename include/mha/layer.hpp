@@ -116,6 +116,7 @@ public:
     double flops(const LayerForward &p) const;
 
     struct Impl;
+    const Impl &impl() const { return *impl_; }
 
 private:
     std::unique_ptr<Impl> impl_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gemm/prepacked.hpp"
+#include "layer/layer_cached.hpp"
 #include "layer/norm.hpp"
 #include "mha/attention.hpp"
 #include "mha/serving.hpp"
@@ -329,7 +330,13 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
 
 void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward &p, const float *x,
                            float *out) const {
-    const Impl &m = *impl_;
+    KVCache::Impl::AppendUndo appended;
+    layer_detail::forward_cached_undoable(*this, rt, cache, p, x, out, appended);
+}
+
+void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCache &cache, const LayerCachedForward &p,
+                                           const float *x, float *out, KVCache::Impl::AppendUndo &appended) {
+    const Layer::Impl &m = layer.impl();
     const LayerConfig &c = m.cfg;
     KVCache::Impl &kc = cache.impl();
     const KVCacheConfig &cc = kc.cfg;
@@ -356,7 +363,6 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
     const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
     // Whatever fails after the append (the memory for the attention or the output projection)
     // takes it back, so a failed call leaves the cache as it found it.
-    KVCache::Impl::AppendUndo appended;
     auto append_and_attend = [&](const float *qkv, float *os) {
         // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
         std::vector<KVCache::Impl::Append> appends;
@@ -381,6 +387,7 @@ void Layer::forward_cached(Runtime &rt, KVCache &cache, const LayerCachedForward
         m.self_rows(st, tokens, x, out, append_and_attend);
     } catch (...) {
         kc.undo(appended);
+        appended = KVCache::Impl::AppendUndo{};  // taken back: nothing left for the caller to undo
         throw;
     }
 }

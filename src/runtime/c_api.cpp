@@ -15,6 +15,7 @@
 #include "mha/runtime.hpp"
 #include "mha/serving.hpp"
 #include "mha/softmax.hpp"
+#include "runtime/c_bridge.hpp"
 
 struct mha_runtime {
     mha::Runtime rt;
@@ -436,3 +437,13 @@ mha_status mha_layer_forward_cached(mha_runtime *rt, const mha_layer *layer, mha
 }
 
 } // extern "C"
+
+// For the C facades built apart from libmha (src/dist's libmha_tp): see runtime/c_bridge.hpp.
+namespace mha::c_bridge {
+mha_status guarded_call(void (*fn)(void *), void *ctx) noexcept { return ::guarded([&] { fn(ctx); }); }
+Runtime &runtime_of(mha_runtime *rt) { return ::runtime_of(rt); }
+KVCache &cache_of(const mha_kv_cache *cache) { return ::cache_of(cache); }
+LayerConfig layer_config(const mha_layer_config *c) { return ::layer_config(c); }
+LayerWeights layer_weights(const mha_layer_weights *w) { return ::layer_weights(w); }
+LayerForward layer_forward_params(const mha_layer_forward_params *p) { return ::layer_forward_params(p); }
+} // namespace mha::c_bridge
