@@ -1255,11 +1255,12 @@ TEST_CASE("encoder layer: bad input gets a status and a message naming the field
     CHECK(mha_encoder_layer_forward(rt, layer, &bad, x.data(), x.data()) == MHA_INVALID_ARGUMENT);
     CHECK(test::same_bits(x, x0));
 
-    // A runtime with other tiles than the layer was packed for is refused, not misread.
+    // A runtime whose tiles lay the packed weights out differently (depth blocks of 8) is
+    // refused, not misread.
     {
         Runtime normal(RuntimeOptions{1, {}, {}, {}});
         TileConfig other = normal.tiles();
-        other.kc = other.kc / 2;
+        other.kc = 8;
         Runtime small(RuntimeOptions{1, {}, other, {}});
         const EncoderConfig c = encoder_config(E, 4, 32, Norm::post, Activation::relu);
         const EncWeights w = random_encoder(c, 5);

@@ -470,9 +470,10 @@ TEST_CASE("layer: bad input gets a status and a message naming the field, and wr
     forward_fails(bad, x.data(), nullptr, nullptr, out.data(), "mask_row_stride", layer);
     CHECK(mha_layer_forward(rt, layer, nullptr, x.data(), nullptr, nullptr, out.data()) == MHA_INVALID_ARGUMENT);
 
-    // A runtime with other tiles than the layer was packed for is refused, not misread.
+    // A runtime whose tiles lay the packed weights out differently (depth blocks of 8 where the
+    // layer has one of 16) is refused, not misread.
     TileConfig other = Runtime().tiles();
-    other.kc = other.kc / 2;
+    other.kc = 8;
     Runtime small(RuntimeOptions{1, {}, other, {}});
     LayerWeights cw;
     cw.q_weight = lw.q_weight;

@@ -20,6 +20,15 @@ using detail::check_size;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// The depth blocks of a product k deep: as few as KC allows, of equal depth (a multiple of 8 when
+// that still fits KC). K = 512 with KC = 368 runs as 2 x 256, not 368 + 144: a shallow last block
+// pays the C tile's load and store over fewer FMAs. Depends on k and the tile config only, so
+// never on the thread count.
+int64_t depth_block(const TileConfig &t, int64_t k) {
+    const int64_t even = ceil_div(k, ceil_div(k, t.kc));
+    return std::min(t.kc, round_up(even, 8));
+}
+
 // A matrix operand as the kernels see it: element (i, j) = p[i * rs + j * cs].
 struct Operand {
     const float *p;
@@ -75,8 +84,11 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
     const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
-    const int64_t kc_max = std::min(k, t.kc);
-    const int64_t mc_max = std::min(round_up(m, MR), t.mc);
+    const int64_t kc_blk = pre.b ? pre.b->kc : depth_block(t, k), kc_max = std::min(k, kc_blk);
+    // Row blocks of equal height too (a multiple of MR), so no block is a sliver: m = 4096 with
+    // MC = 4092 would pack every B block a second time for 4 rows.
+    const int64_t mc_blk = std::min(t.mc, round_up(ceil_div(m, ceil_div(m, t.mc)), MR));
+    const int64_t mc_max = std::min(round_up(m, MR), mc_blk);
     // NC only sizes the work items (columns start at multiples of NR either way), so it may follow
     // the thread count: round the number of B blocks up to a multiple of T so the threads finish together.
     int64_t n_blocks = std::min(ceil_div(n, NR), round_up(ceil_div(n, t.nc), T));
@@ -88,11 +100,11 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     const int64_t b_size = pre.b ? 0 : kc_max * nc;
     auto scratch = s.pool.borrow(static_cast<size_t>(mc_max * kc_max + s.slots * b_size));
     float *ap = scratch.data(), *b_packs = ap + mc_max * kc_max;
-    for (int64_t ic = 0; ic < m; ic += t.mc) {                   // JC: MC rows of A
-        const int64_t mc = std::min(t.mc, m - ic), n_ir = ceil_div(mc, MR);
+    for (int64_t ic = 0; ic < m; ic += mc_blk) {                 // JC: MC rows of A
+        const int64_t mc = std::min(mc_blk, m - ic), n_ir = ceil_div(mc, MR);
         const int64_t ir_per = ceil_div(n_ir, row_split);
-        for (int64_t pc = 0; pc < k; pc += t.kc) {               // PC: KC deep; pack the A block
-            const int64_t kc = std::min(t.kc, k - pc);
+        for (int64_t pc = 0; pc < k; pc += kc_blk) {             // PC: KC deep; pack the A block
+            const int64_t kc = std::min(kc_blk, k - pc);
             parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {
                 const int64_t i0 = ir0 * MR, rows = std::min(mc, ir1 * MR) - i0;
                 uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + i0 * kc);
@@ -122,40 +134,52 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
 }
 
 // The small-problem path (after BLIS's "sup"): A is read where it lies, and B too when its columns
-// are contiguous; only B^T and the edge panels are packed. The depth is not blocked.
+// are contiguous; only B^T and the edge panels are packed. A deep product is cut into KC-deep
+// blocks as the packed path does (C accumulates them in order, so the sums are the same for any
+// thread count): the MR rows of A the microkernel reads stay in L1 and the KC x NC block of B in L2.
 void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
     const SgemmKernel &uk = *s.sgemm;
-    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops);
-    // The k x NC block of B takes the footprint the tiles give the packed A block (half of L2).
-    const int64_t nc_blk = std::clamp(s.tiles.mc * s.tiles.kc / k / NR * NR, NR, round_up(n, NR));
-    const bool b_direct = b.cs == 1;
+    const TileConfig &t = s.tiles;
+    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
+    // The kc x NC block of B takes the packed path's B footprint (KC x NC, half of L2).
+    const int64_t nc_blk = std::clamp(t.nc * t.kc / kc_max / NR * NR, NR, round_up(n, NR));
+    // B is read in place only when few rows of A reuse it: its rows lie n apart, a stride that
+    // maps a panel's lines onto few L1 sets (n = 128: 8 of 64), so when it is read many times the
+    // packed copy pays. Zen 3, 1 thread: 2048x64x2048 63 GF/s packed vs 54 in place, 1024x128x1024
+    // 72 vs 62; at 64x64x64 the in-place read stayed ahead (59 vs 55).
+    const bool b_direct = b.cs == 1 && m < 8 * MR;
     const int64_t n_ir = ceil_div(m, MR);
 
-    auto scratch = s.pool.borrow(static_cast<size_t>(k * nc_blk));
+    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * nc_blk));
     float *bp = scratch.data();
     for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
         const int64_t nc = std::min(nc_blk, n - jc);
         const int64_t n_jr = ceil_div(nc, NR);
         const int64_t edge_nr = nc % NR;
-        if (!b_direct)
-            parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
-                const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
-                uk.pack_b(cols, k, b.at(0, jc + j0), b.cs, b.rs, bp + j0 * k);
-            });
-        else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
-            uk.pack_b(edge_nr, k, b.at(0, jc + (n_jr - 1) * NR), b.cs, b.rs, bp + (n_jr - 1) * NR * k);
+        for (int64_t pc = 0; pc < k; pc += kc_blk) {                // PC: KC deep
+            const int64_t kc = std::min(kc_blk, k - pc);
+            if (!b_direct)
+                parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
+                    const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
+                    uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
+                });
+            else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
+                uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp + (n_jr - 1) * NR * kc);
 
-        const int64_t ir_split = std::min(n_ir, 4 * T);
-        const int64_t jr_split = n_ir >= T ? 1 : std::min(n_jr, ceil_div(T, n_ir));
-        const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
-        parallel_items(ir_split * jr_split, T, [&](int64_t item) {
-            const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
-            const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
-            if (ir0 >= ir1 || jr0 >= jr1) return;
-            const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
-            uk.macro_sup(SupArgs{rows, nc, k, jr0, jr1, a.at(i0, 0), a.rs, a.cs, b_direct ? b.at(0, jc) : nullptr,
-                                 b.rs, bp, k, c.p + i0 * c.ld + jc, c.ld, c.alpha, c.beta});
-        });
+            const float beta = pc == 0 ? c.beta : 1.0f;
+            const int64_t ir_split = std::min(n_ir, 4 * T);
+            const int64_t jr_split = n_ir >= T ? 1 : std::min(n_jr, ceil_div(T, n_ir));
+            const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
+            parallel_items(ir_split * jr_split, T, [&](int64_t item) {
+                const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
+                const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
+                if (ir0 >= ir1 || jr0 >= jr1) return;
+                const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
+                uk.macro_sup(SupArgs{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
+                                     b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta});
+            });
+        }
     }
 }
 
@@ -176,7 +200,7 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     const SgemmKernel &uk = *s.sgemm;
     PackedB p;
     p.kernel = uk.name;
-    p.kc = s.tiles.kc;
+    p.kc = depth_block(s.tiles, k);
     p.k = k;
     p.n = n;
     p.nr = uk.nr;
@@ -204,9 +228,10 @@ void in_arena(RuntimeState &s, double flops, const Fn &fn) {
 
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
                      const float *bias, float *c, int64_t ldc, Epilogue act) {
-    if (b.kernel != s.sgemm->name || b.kc != s.tiles.kc)
-        invalid_argument("the weights were packed for microkernel " + b.kernel + " with kc = " + std::to_string(b.kc) +
-                         ", but this runtime uses " + s.sgemm->name + " with kc = " + std::to_string(s.tiles.kc) +
+    if (b.kernel != s.sgemm->name || b.kc != depth_block(s.tiles, b.k))
+        invalid_argument("the weights were packed for microkernel " + b.kernel + " with depth blocks of " +
+                         std::to_string(b.kc) + ", but this runtime uses " + s.sgemm->name + " with " +
+                         std::to_string(depth_block(s.tiles, b.k)) + " (kc = " + std::to_string(s.tiles.kc) + ")" +
                          "; build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
     in_arena(s, 2.0 * m * n * b.k, [&] {
@@ -251,8 +276,7 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
     const Output C{c, ldc, alpha, beta};
-    // The small-problem path does not block K: past 8192 its k x NC block of B would outgrow L2.
-    const bool sup = (n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k) && k <= 8192;
+    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k;
     in_arena(s, 2.0 * m * n * k, [&] { sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C); });
 }
 

@@ -40,8 +40,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
     t.mc = std::clamp<int64_t>(round_down(caches.l3 / 4 / (t.kc * f), uk.mr), uk.mr, 4096 / uk.mr * uk.mr);
     // Small problems: with few columns (P.V with Dv <= 64) or a short depth (Q.K^T with Dqk <= KC),
-    // packing A costs as much as the product itself, so A is read in place.
-    t.sup_max_n = 2 * uk.nr;
+    // packing A costs as much as the product itself, so A is read in place. AVX2 (6x16), Zen 3,
+    // 1 thread, against the packed path: n = 64 1.3-1.45x (512x64x512, 2048x64x2048), n = 128
+    // 1.1-1.3x (1024x128x1024, 4096x128x512), n = 256 1.05-1.17x (512, 1024 and 4096 rows),
+    // n = 512 0.9-1.0x (rejected), so up to 16 NR = 256 columns. AVX-512 keeps 2 NR = 64,
+    // measured on Xeon and Zen 5 before the small-problem path packed B and blocked K.
+    t.sup_max_n = (uk.isa == Isa::avx2 ? 16 : 2) * uk.nr;
     t.sup_max_k = t.kc;
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
