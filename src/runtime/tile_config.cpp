@@ -35,6 +35,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     t.kc = std::clamp<int64_t>(round_down(caches.l1d / ((uk.mr + uk.nr) * f), 8), 64, 1024);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
     // 2 MiB L2, KC = 264 -> NC = 992 (a multiple of NR = 32). 256 to 1024 measured within noise.
+    // AMD EPYC Zen 3 (AVX2, 32 KiB L1d, 512 KiB L2) gives KC = 368, NC = 176 for avx2_6x16; the
+    // full mha-tune search there (1 thread, 2026-11-23) scored every other KC (184, 272, 464) and
+    // NC (64 to 528) within 0.97-1.01x of these, so they stay.
     t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
     // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
@@ -55,6 +58,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // rows; a multiple of MR leaves no edge tiles. BQ = 8 MR = 112, BK = 256. Measured at
     // L = 2048, H = 8, D = 64 on one thread: BQ 112-224 ran 15-25% faster than 56 (before the
     // panel order; after it, 56-224 and BK 256-512 were all within noise).
+    // Zen 3 (AVX2, BQ = 48): mha-tune's full search put BQ 12-96 with BK 256 within 0.98-1.03x of
+    // the default and rejected BK 64 (0.83-0.87x) and BK 128 (0.93-0.98x).
     t.attn_block_q = 8 * uk.mr;
     t.attn_block_k = 256;
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
