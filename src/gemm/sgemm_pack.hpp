@@ -18,7 +18,7 @@ namespace {
 template <class Arch, int W>
 void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, int64_t ld) {
     const int64_t full = count / W * W, tail = count - full;
-    if (tail)  // zero the padding of the last panel; the copies below never touch it
+    if (tail)  // zero the padding of the last panel (the AVX2 transposes below store zeros there too)
         for (int64_t p = 0; p < kc; ++p)
             for (int64_t x = tail; x < W; ++x) out[full * ld + p * W + x] = 0.0f;
     if (sx == 1) {

@@ -52,6 +52,9 @@ struct Transpose<xsimd::avx512f> {
 template <>
 struct Transpose<xsimd::fma3<xsimd::avx2>> {
     static constexpr int L = 8;
+    // Reads rows [0, g) of src (row stride ld, 8 floats each) and writes column t (t in [0, 8)) to
+    // dst + t * dst_ld: lanes [0, g) from the rows, lanes [g, min(dst_ld, 8)) as zeros (the caller's
+    // panel padding). Unlike the AVX-512 block it writes those padding lanes.
     static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
         __m256 r[8], t[8];
         for (int i = 0; i < 8; ++i) r[i] = i < g ? _mm256_loadu_ps(src + i * ld) : _mm256_setzero_ps();
@@ -69,9 +72,19 @@ struct Transpose<xsimd::fma3<xsimd::avx2>> {
             t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
             t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
         }
+        // Masked stores are microcoded on AMD (Zen 3: packing A for the 6-row kernel took 7% of an
+        // L = 128 attention in them), so each column is stored whole, lanes from g on as the zeros
+        // they hold, in column order: with dst_ld < 8 a store runs into the next columns, which
+        // their own stores then overwrite. Only the stores that would run past the block's
+        // 8 dst_ld floats are masked, to dst_ld lanes.
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lane);
-        for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(dst_ld < 8 ? dst_ld : 8)), lane);
+        for (int i = 0; i < 8; ++i) {
+            if (i * dst_ld + 8 <= 8 * dst_ld)
+                _mm256_storeu_ps(dst + i * dst_ld, t[i]);
+            else
+                _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
+        }
     }
 };
 #endif
