@@ -145,11 +145,23 @@ struct SeqData {
     SeqData(const Shape &s, int64_t L, uint32_t seed) : SeqData(s, L, L, seed) {}
 };
 
+// The score modifiers every helper below passes (mha_attention, varlen, cached, the reference):
+// none, unless a test sets them (with VariantScope).
+mha_attention_variant g_variant{};
+struct VariantScope {
+    explicit VariantScope(const mha_attention_variant &v) { g_variant = v; }
+    ~VariantScope() { g_variant = mha_attention_variant{}; }
+};
+
 // The double reference of one sequence (batch 1): q [Lq, H, D], k [Lk, Hkv, D], v [Lk, Hkv, Dv].
 std::vector<double> reference(const Shape &s, int64_t Lq, int64_t Lk, bool causal, const float *q, const float *k,
                               const float *v, double scale = 0) {
     ref::AttentionCase c{1, Lq, Lk, s.H, s.Hkv, s.D, s.Dv, scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(s.D)),
                          causal};
+    c.window = g_variant.window;
+    c.softcap = g_variant.softcap;
+    c.alibi = g_variant.alibi_slopes;
+    c.sinks = g_variant.sink_logits;
     std::vector<double> out;
     ref::attention(c, q, k, v, out);
     return out;
@@ -209,6 +221,7 @@ std::vector<float> dense(mha_runtime *rt, const Shape &s, int64_t Lq, int64_t Lk
     p.value_dim = s.Dv;
     p.scale = scale;
     p.causal = causal;
+    p.variant = g_variant;
     std::vector<float> out(sz(Lq * s.o_row()), test::kSentinel);
     const mha_status st = mha_attention(rt, &p, q, k, v, out.data());
     REQUIRE_MESSAGE(st == MHA_OK, mha_last_error());
@@ -241,6 +254,7 @@ struct Ragged {
         p.value_dim = s.Dv;
         p.scale = scale;
         p.causal = causal;
+        p.variant = g_variant;
         return p;
     }
     // Runs it; out gets total_q rows (plus whatever tail the caller put past them).
@@ -330,6 +344,7 @@ mha_status cached(mha_runtime *rt, mha_kv_cache *c, const std::vector<int64_t> &
     p.num_heads = H;
     p.scale = scale;
     p.causal = causal;
+    p.variant = g_variant;
     return mha_attention_cached(rt, c, &p, q, out);
 }
 
@@ -982,6 +997,80 @@ TEST_CASE("bit-identity: mha_attention alone = varlen beside others = cached pre
         }
 }
 
+TEST_CASE("variant: window, softcap, ALiBi, sinks through varlen and the cache (prefill, chunks, decode) = mha_attention") {
+    const Shape s{8, 2, 32, 32};
+    const int64_t L = 300, row = s.o_row();
+    std::vector<float> slopes, sinks;
+    for (int64_t h = 0; h < s.H; ++h) {
+        slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.H)));
+        sinks.push_back(0.3f * static_cast<float>(h) - 1.0f);
+    }
+    const struct {
+        const char *what;
+        mha_attention_variant v;
+    } variants[] = {{"window 40", {40, 0.0f, nullptr, nullptr}},
+                    {"window 100, softcap, ALiBi, sinks", {100, 0.7f, slopes.data(), sinks.data()}},
+                    {"softcap, ALiBi, sinks, no window", {0, 0.7f, slopes.data(), sinks.data()}}};
+    for (Isa isa : supported_isas())
+        for (const Setup &su : {default_setup(isa), tiles_setup(isa, 5, 64, 128)})
+            for (const auto &var : variants) {
+                CAPTURE(su.name);
+                CAPTURE(var.what);
+                const VariantScope scope(var.v);
+                Rt r1(1, su), r2(2, su);
+                const SeqData t(s, L, 2000);
+                const auto F = dense(r1, s, L, L, true, t.q.data(), t.k.data(), t.v.data());
+                close_to(F.data(), reference(s, L, L, true, t.q.data(), t.k.data(), t.v.data()), "causal vs reference");
+                same_rows(dense(r2, s, L, L, true, t.q.data(), t.k.data(), t.v.data()).data(), F.data(), L, row, "2 threads");
+                // Varlen beside others, one with Lq < Lk (its queries at the last positions).
+                const SeqData a(s, 37, 2001), b(s, 3, 250, 2002);
+                {
+                    Ragged rg(s);
+                    for (const SeqData *d : {&a, &t, &b}) rg.add(*d);
+                    std::vector<float> out(sz(rg.total_q() * row), test::kSentinel);
+                    rg.run(r2, true, out.data());
+                    same_rows(out.data() + rg.qo[1] * row, F.data(), L, row, "varlen, second of three");
+                    const auto Fb = dense(r1, s, 3, 250, true, b.q.data(), b.k.data(), b.v.data());
+                    same_rows(out.data() + rg.qo[2] * row, Fb.data(), 3, row, "varlen, Lq < Lk vs alone");
+                    close_to(Fb.data(), reference(s, 3, 250, true, b.q.data(), b.k.data(), b.v.data()), "Lq < Lk vs reference");
+                    rg.run(r1, false, out.data());
+                    close_to(out.data() + rg.qo[2] * row, reference(s, 3, 250, false, b.q.data(), b.k.data(), b.v.data()),
+                             "varlen not causal vs reference");
+                }
+                // The cache: prefill in one call, chunks beside nothing, decode token by token.
+                const int64_t bt = block_tokens_for(r1, s);
+                Cache c(r1, s, capacity(bt, {L, L, L}));
+                append(r1, c, s, 1, t, 0, L);
+                {
+                    std::vector<float> out(sz(L * row), test::kSentinel);
+                    REQUIRE_MESSAGE(cached(r2, c, {1}, {0, L}, s.H, true, t.q.data(), out.data()) == MHA_OK, mha_last_error());
+                    same_rows(out.data(), F.data(), L, row, "cached prefill");
+                    std::vector<float> nc(sz(5 * row), test::kSentinel);
+                    const float *q5 = t.q.data() + (L - 5) * s.q_row();
+                    REQUIRE(cached(r1, c, {1}, {0, 5}, s.H, false, q5, nc.data()) == MHA_OK);
+                    same_rows(nc.data(), dense(r2, s, 5, L, false, q5, t.k.data(), t.v.data()).data(), 5, row,
+                              "cached not causal vs mha_attention");
+                    close_to(nc.data(), reference(s, 5, L, false, q5, t.k.data(), t.v.data()), "cached not causal vs reference");
+                }
+                int64_t pos = 0, bad = 0;
+                for (int64_t n : chunks_of(L, {1, 7, 64, 100})) {
+                    append(r2, c, s, 2, t, pos, n);
+                    std::vector<float> out(sz(n * row), test::kSentinel);
+                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK);
+                    bad += !same_rows(out.data(), F.data() + pos * row, n, row, "chunk", pos);
+                    pos += n;
+                }
+                for (int64_t i = 0; i < L && bad < 3; ++i) {
+                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                    append(rt, c, s, 3, t, i, 1);
+                    std::vector<float> out(sz(row), test::kSentinel);
+                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), out.data()) == MHA_OK);
+                    bad += !same_rows(out.data(), F.data() + i * row, 1, row, "decode step", i);
+                }
+                CHECK(bad == 0);
+            }
+}
+
 TEST_CASE("bit-identity with tiles 5/7/14: a cache with blocks of attn_block_k tokens, chunks and decode = mha_attention") {
     // block_tokens 0 must resolve to something legal: with attn_block_k = 7 only 7 itself.
     for (Isa isa : supported_isas()) {
@@ -1269,6 +1358,9 @@ TEST_CASE("bad input: a status, a message naming the field, and the cache and ev
         with("head_dim 0", [](auto &p) { p.head_dim = 0; }, {INV}, {"head_dim"});
         with("value_dim < 0", [](auto &p) { p.value_dim = -4; }, {INV}, {"value_dim"});
         with("scale NaN", [](auto &p) { p.scale = NAN; }, {INV}, {"scale"});
+        with("window < 0", [](auto &p) { p.variant.window = -3; }, {INV}, {"variant.window"});
+        with("softcap NaN", [](auto &p) { p.variant.softcap = NAN; }, {INV}, {"variant.softcap"});
+        with("softcap < 0", [](auto &p) { p.variant.softcap = -2.0f; }, {INV}, {"variant.softcap"});
         with("q rows overflow", [](auto &p) { p.q_offsets = q_huge; }, {INV}, {"overflow", "q_offsets"});
         with("kv rows overflow", [](auto &p) { p.kv_offsets = k_huge; }, {INV}, {"overflow", "kv_offsets"});
         with("head sizes overflow", [](auto &p) { p.num_heads = INT64_C(1) << 31; p.head_dim = INT64_C(1) << 40; }, {INV},
@@ -1408,6 +1500,8 @@ TEST_CASE("bad input: a status, a message naming the field, and the cache and ev
         with("num_heads not a multiple of the cache's num_kv_heads", [](auto &p) { p.num_heads = 3; }, {INV}, {"num_heads"});
         with("num_heads 0", [](auto &p) { p.num_heads = 0; }, {INV}, {"num_heads"});
         with("scale NaN", [](auto &p) { p.scale = NAN; }, {INV}, {"scale"});
+        with("window < 0", [](auto &p) { p.variant.window = -1; }, {INV}, {"variant.window"});
+        with("softcap inf", [](auto &p) { p.variant.softcap = INFINITY; }, {INV}, {"variant.softcap"});
         // A runtime with other attention tiles than the cache's.
         const Setup other = tiles_setup(su.isa, 5, 64, 128);
         Rt rt_other(1, other);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mha/attention.hpp"
 #include "mha/dtype.hpp"
 #include "mha/runtime.hpp"
 
@@ -25,6 +26,7 @@ struct VarlenParams {
     float scale = 0.0f;                   // 0 means 1/sqrt(head_dim)
     bool causal = false;                  // bottom-right per sequence
     int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;  // floats between rows; 0 = dense
+    AttentionVariant variant;             // window, softcap, ALiBi, sinks; positions per sequence
 };
 
 // q [total_q, H, Dqk], k [total_kv, Hkv, Dqk], v [total_kv, Hkv, Dv] -> out [total_q, H, Dv].
@@ -79,6 +81,7 @@ struct CachedParams {
     float scale = 0.0f;                  // 0 means 1/sqrt(head_dim)
     bool causal = false;
     int64_t q_stride = 0, out_stride = 0;  // floats between rows of q and out; 0 = dense
+    AttentionVariant variant;              // positions: a token's index in its sequence
 };
 
 // q [total_q, H, Dqk] -> out [total_q, H, Dv].

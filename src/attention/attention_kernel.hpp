@@ -86,17 +86,54 @@ struct FusedAttention {
     static constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     static constexpr int NR = NV * W;
     using Rows = softmax_detail::RowKernels<Arch>;
+    using V = xsimd::batch<float, Arch>;
+    using Tail = softmax_detail::Partial<Arch>;
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
     // Sets the scores of keys [j0, j0 + n) that row i of batch b may not see to -inf.
     static void apply_masks(const Shape &s, int64_t b, int64_t i, int64_t j0, int64_t n, float *row) {
         const int64_t lim = s.key_limit(b, i) - j0;
         for (int64_t j = lim < 0 ? 0 : lim; j < n; ++j) row[j] = kNegInf;
+        const int64_t first = std::min(s.key_start(b, i) - j0, std::min(lim, n));  // the window
+        for (int64_t j = 0; j < first; ++j) row[j] = kNegInf;
         if (s.mask) {
             const uint8_t *mrow = s.mask + b * s.mask_batch_stride + i * s.mask_row_stride + j0;
             const int64_t end = lim < n ? lim : n;
             for (int64_t j = 0; j < end; ++j)
                 if (!mrow[j]) row[j] = kNegInf;
+        }
+    }
+
+    // tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|): one vexp per vector, 1 at large
+    // |x|, NaN stays NaN. Its error is a few ulp of 1, absolute, which is what a capped logit needs.
+    static V vtanh(const V &x) {
+        const V e = softmax_detail::vexp<Arch>(V(-2.0f) * xsimd::abs(x));
+        const V t = (V(1.0f) - e) / (V(1.0f) + e);
+        return xsimd::select(x < V(0.0f), -t, t);
+    }
+
+    // Soft-capping and ALiBi on the scaled scores of keys [j0, j0 + n) for a query at position p
+    // of head h: s = cap tanh(s / cap), then s += slope[h] (j - p). Scores are independent of each
+    // other, so the tile and panel a key is computed in never change its bits.
+    static void modify_scores(const Shape &s, int64_t h, int64_t p, int64_t j0, int64_t n, float *row) {
+        if (s.softcap != 0.0f) {
+            const V cap(s.softcap), inv(1.0f / s.softcap);
+            int64_t j = 0;
+            for (; j + W <= n; j += W) (cap * vtanh(V::load_unaligned(row + j) * inv)).store_unaligned(row + j);
+            if (j < n) Tail::store(row + j, n - j, cap * vtanh(Tail::load(row + j, n - j, 0.0f) * inv));
+        }
+        if (s.alibi) {
+            const float slope = s.alibi[h];
+            alignas(64) float iota[W];
+            for (int t = 0; t < W; ++t) iota[t] = static_cast<float>(t);
+            const V vs(slope), vi = V::load_aligned(iota);
+            int64_t j = 0;
+            // j0 + j - p is an integer below 2^24 in magnitude: exact in float.
+            for (; j + W <= n; j += W)
+                simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, V::load_unaligned(row + j)).store_unaligned(row + j);
+            if (j < n)
+                Tail::store(row + j, n - j,
+                            simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, Tail::load(row + j, n - j, 0.0f)));
         }
     }
 
@@ -147,10 +184,15 @@ struct FusedAttention {
     // it: on causal diagonals that is most of the triangle.
     static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t j0,
                               int64_t n) {
-        int64_t lim = 0;
-        for (int64_t r = r0; r < r1; ++r)
-            lim = std::max(lim, s.key_limit(it.b, it.i0 + r % rows_per_head) - j0);
-        return std::min(lim, n);
+        int64_t lim = 0, first = n;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t i = it.i0 + r % rows_per_head;
+            lim = std::max(lim, s.key_limit(it.b, i) - j0);
+            first = std::min(first, s.key_start(it.b, i) - j0);
+        }
+        lim = std::min(lim, n);
+        // A tile wholly before every row's window shows the panel nothing either.
+        return first >= lim ? 0 : lim;
     }
 
     // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked (-inf where unseen).
@@ -247,8 +289,13 @@ struct FusedAttention {
 
     static void mask_rows(const Shape &s, const Item &it, int64_t r0, int64_t r1, int64_t rows_per_head, int64_t j0,
                           int64_t n, const ItemScratch &w) {
-        for (int64_t r = r0; r < r1; ++r)
-            apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
+        const bool modified = s.softcap != 0.0f || s.alibi;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t i = it.i0 + r % rows_per_head;
+            float *row = w.s + r * s.block_k;
+            if (modified) modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0, n, row);
+            apply_masks(s, it.b, i, j0, n, row);
+        }
     }
 
     // Scaled Q rows of the item's heads, stacked head by head, then packed: as one block, or (direct
@@ -289,7 +336,9 @@ struct FusedAttention {
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         start(M, Dv, m, l, acc);
-        for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
+        // Tiles before every row's window are skipped whole; tiles stay aligned to block_k.
+        const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
+        for (int64_t j0 = std::max(c0, begin); j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
             if (it.direct) {
                 const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
@@ -337,6 +386,11 @@ struct FusedAttention {
     // Divides the rows by their sums straight into out and, if asked, writes the weights.
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
+        // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink], the
+        // sink's column dropped). A row that sees no key stays zeros.
+        if (s.sinks)
+            for (int64_t r = 0; r < M; ++r)
+                if (w.l[r] > 0.0f) w.l[r] += std::exp(s.sinks[it.g * G + r / rows_per_head] - w.m[r]);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
             float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
@@ -362,9 +416,12 @@ struct FusedAttention {
             // The first chunk goes straight into the running state: merging a chunk into an empty
             // state copies it bit for bit (its weights are exp(-inf) = 0 and exp(0) = 1), so this
             // is what the split path computes, without a pass over the accumulator.
-            for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
+            // Chunks before every row's window are skipped: their states would be empty, and
+            // merging an empty state changes nothing.
+            const int64_t first = s.key_begin(it.b, it.i0, it.i1) / s.kv_chunk * s.kv_chunk;
+            for (int64_t c0 = first; c0 < end; c0 += s.kv_chunk) {
                 const int64_t c1 = std::min(end, c0 + s.kv_chunk);
-                if (c0 == 0) {
+                if (c0 == first) {
                     chunk(s, k, v, it, c0, c1, w, kv, w.m, w.l, w.acc);
                     continue;
                 }

@@ -56,7 +56,22 @@ struct Shape {
     int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
     const int64_t *q_off = nullptr, *kv_off = nullptr;  // ragged: [batch + 1] row offsets
     const CacheView *kv_cache = nullptr;  // K and V from a paged cache instead of k and v
+    // Score modifiers (mha_attention_variant): a window of keys before each query's position,
+    // tanh soft-capping, ALiBi slopes and sink logits per head (NULL = none).
+    int64_t window = 0;
+    float softcap = 0.0f;
+    const float *alibi = nullptr, *sinks = nullptr;
     int64_t group() const { return heads / kv_heads; }
+    // Query i's absolute position in batch b (bottom-right: its keys are at 0 .. kvlen - 1).
+    int64_t q_pos(int64_t b, int64_t i) const { return i + kvlen(b) - qlen(b); }
+    // Keys [key_start, key_limit) may be seen by query i (before the boolean mask): the window.
+    int64_t key_start(int64_t b, int64_t i) const {
+        if (window <= 0) return 0;
+        const int64_t first = q_pos(b, i) - window + 1;
+        return first < 0 ? 0 : first;
+    }
+    // The first key any of queries [i0, i1) can see (the window starts rise with i).
+    int64_t key_begin(int64_t b, int64_t i0, int64_t i1) const { return i1 > i0 ? key_start(b, i0) : 0; }
     int64_t qlen(int64_t b) const { return q_off ? q_off[b + 1] - q_off[b] : q_len; }
     int64_t kvlen(int64_t b) const { return kv_off ? kv_off[b + 1] - kv_off[b] : kv_len; }
     int64_t q_row(int64_t b, int64_t i) const { return (q_off ? q_off[b] : b * q_len) + i; }
@@ -76,6 +91,15 @@ struct Shape {
         return end;
     }
 };
+
+// Copies the score modifiers of a call (already validated) into its shape.
+template <class Variant>
+void set_variant(Shape &s, const Variant &v) {
+    s.window = v.window;
+    s.softcap = v.softcap;
+    s.alibi = v.alibi_slopes;
+    s.sinks = v.sink_logits;
+}
 
 // One work item: query rows [i0, i1) of every head that shares KV heads [g, g + kv_heads), in
 // batch b; one query block, or (with Shape::cache_kv) a strip of them. Its rows are stacked head

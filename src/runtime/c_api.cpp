@@ -114,6 +114,10 @@ mha::DType dtype_of(const mha_dtype *field) {
     return static_cast<mha::DType>(v);
 }
 
+mha::AttentionVariant variant_of(const mha_attention_variant &v) {
+    return mha::AttentionVariant{v.window, v.softcap, v.alibi_slopes, v.sink_logits};
+}
+
 mha::LayerConfig layer_config(const mha_layer_config *c) {
     if (!c) mha::invalid_argument("config is NULL");
     mha::LayerConfig l;
@@ -127,6 +131,8 @@ mha::LayerConfig layer_config(const mha_layer_config *c) {
     l.weight_dtype = dtype_of(&c->weight_dtype);
     l.norm = static_cast<mha::Norm>(c->norm);
     l.norm_eps = c->norm_eps;
+    l.variant = variant_of(c->variant);
+    l.rope = mha::Rope{c->rope.dims, c->rope.theta, c->rope.interleaved != 0, c->rope.position_scale};
     return l;
 }
 
@@ -232,6 +238,7 @@ mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p, const f
         a.mask_batch_stride = p->mask_batch_stride;
         a.mask_row_stride = p->mask_row_stride;
         a.weights = p->weights;
+        a.variant = variant_of(p->variant);
         mha::attention(r, a, q, k, v, out);
     });
 }
@@ -338,6 +345,7 @@ mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p, con
         a.value_dim = p->value_dim;
         a.scale = p->scale;
         a.causal = p->causal != 0;
+        a.variant = variant_of(p->variant);
         mha::attention_varlen(r, a, q, k, v, out);
     });
 }
@@ -415,6 +423,7 @@ mha_status mha_attention_cached(mha_runtime *rt, const mha_kv_cache *cache, cons
         a.num_heads = p->num_heads;
         a.scale = p->scale;
         a.causal = p->causal != 0;
+        a.variant = variant_of(p->variant);
         mha::attention_cached(r, c, a, q, out);
     });
 }
