@@ -271,14 +271,14 @@ struct Ragged {
 
 class Cache {
 public:
-    Cache(mha_runtime *rt, const Shape &s, int64_t max_tokens, int64_t block_tokens = 0) {
+    Cache(mha_runtime *rt, const Shape &s, int64_t max_tokens, int64_t block_tokens = 0, mha_dtype dtype = MHA_F32) {
         mha_kv_cache_config cfg{};
         cfg.num_kv_heads = s.Hkv;
         cfg.head_dim = s.D;
         cfg.value_dim = s.Dv;
         cfg.block_tokens = block_tokens;
         cfg.max_tokens = max_tokens;
-        cfg.dtype = MHA_F32;
+        cfg.dtype = dtype;
         const mha_status st = mha_kv_cache_create(rt, &cfg, &c_);
         REQUIRE_MESSAGE(st == MHA_OK, mha_last_error());
         REQUIRE(c_ != nullptr);
@@ -1066,6 +1066,108 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks through varlen and the cache (
                     std::vector<float> out(sz(row), test::kSentinel);
                     REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), out.data()) == MHA_OK);
                     bad += !same_rows(out.data(), F.data() + i * row, 1, row, "decode step", i);
+                }
+                CHECK(bad == 0);
+            }
+}
+
+// ================================================================================================
+// int8 KV cache (MHA_I8)
+// ================================================================================================
+
+TEST_CASE("int8 cache: rows round-trip within half a step, saturated rows exactly, zero rows as zeros; 0.27x the bytes") {
+    Rt rt(1, best_default());
+    const Shape s{4, 2, 24, 40};
+    Cache c(rt, s, 64, 0, MHA_I8);
+    std::vector<float> k = random_floats(sz(6 * s.k_row()), 3, -3.0f, 3.0f), v = random_floats(sz(6 * s.v_row()), 4, -3.0f, 3.0f);
+    // Token 0: saturated rows (all equal, of several magnitudes and signs); token 1: zeros; token 2:
+    // one value and zeros.
+    const float sat[] = {0.7f, -1e-3f, 3.3e7f, -123.456f};
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+        std::fill(k.begin() + h * s.D, k.begin() + (h + 1) * s.D, sat[h]);
+        std::fill(v.begin() + h * s.Dv, v.begin() + (h + 1) * s.Dv, sat[h + 2]);
+    }
+    std::fill(k.begin() + s.k_row(), k.begin() + 2 * s.k_row(), 0.0f);
+    std::fill(v.begin() + s.v_row(), v.begin() + 2 * s.v_row(), 0.0f);
+    std::fill(k.begin() + 2 * s.k_row(), k.begin() + 3 * s.k_row(), 0.0f);
+    k[sz(2 * s.k_row() + 5)] = -2.5f;
+    REQUIRE(mha_kv_cache_append(rt, c, 7, 6, k.data(), v.data()) == MHA_OK);
+    std::vector<float> kr, vr;
+    c.read(7, 0, 6, s, kr, vr);
+    for (int64_t i = 0; i < s.k_row(); ++i) CHECK(kr[sz(i)] == k[sz(i)]);  // saturated: exact
+    for (int64_t i = 0; i < s.v_row(); ++i) CHECK(vr[sz(i)] == v[sz(i)]);
+    for (int64_t i = s.k_row(); i < 3 * s.k_row(); ++i) CHECK(kr[sz(i)] == k[sz(i)]);  // zeros, and a lone value
+    auto within_half_step = [](const float *x, const float *y, int64_t n) {
+        float m = 0;
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+        for (int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(x[i] - y[i]) <= m / 127.0f * 0.5f * 1.0001f);
+    };
+    for (int64_t t = 3; t < 6; ++t)
+        for (int64_t h = 0; h < s.Hkv; ++h) {
+            within_half_step(&k[sz(t * s.k_row() + h * s.D)], &kr[sz(t * s.k_row() + h * s.D)], s.D);
+            within_half_step(&v[sz(t * s.v_row() + h * s.Dv)], &vr[sz(t * s.v_row() + h * s.Dv)], s.Dv);
+        }
+    // Bytes: H8 D128, int8 plus a scale per token and head, against fp32.
+    const Shape big{8, 8, 128, 128};
+    Cache f32(rt, big, 4096), i8(rt, big, 4096, 0, MHA_I8);
+    uint64_t bf = 0, bi = 0;
+    REQUIRE(mha_kv_cache_bytes(f32, &bf) == MHA_OK);
+    REQUIRE(mha_kv_cache_bytes(i8, &bi) == MHA_OK);
+    CHECK(static_cast<double>(bi) <= 0.27 * static_cast<double>(bf));
+    CHECK(i8.config().dtype == MHA_I8);
+    // A non-finite value: refused, nothing appended; a dtype outside the enum: refused.
+    k[5] = NAN;
+    CHECK(mha_kv_cache_append(rt, c, 7, 6, k.data(), v.data()) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("non-finite") != std::string::npos);
+    CHECK(c.seq_len(7) == 6);
+    mha_kv_cache_config bad{};
+    bad.num_kv_heads = 1; bad.head_dim = 8; bad.value_dim = 8; bad.max_tokens = 16;
+    int bad_dtype = 3;
+    std::memcpy(&bad.dtype, &bad_dtype, sizeof bad_dtype);
+    mha_kv_cache *none = nullptr;
+    CHECK(mha_kv_cache_create(rt, &bad, &none) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("dtype") != std::string::npos);
+    CHECK(none == nullptr);
+}
+
+TEST_CASE("int8 cache: attention adds no error beyond storage (double reference on the widened K and V) and keeps every bit-identity") {
+    for (Isa isa : supported_isas())
+        for (const Setup &su : {default_setup(isa), tiles_setup(isa, 5, 64, 128)})
+            for (const Shape &s : {Shape{8, 2, 32, 32}, Shape{4, 1, 13, 7}}) {
+                CAPTURE(su.name);
+                CAPTURE(s.D);
+                const int64_t L = 200, row = s.o_row();
+                Rt r1(1, su), r2(2, su);
+                const SeqData t(s, L, 3000);
+                const int64_t bt = block_tokens_for(r1, s);
+                Cache c(r1, s, capacity(bt, {L, L, L}), 0, MHA_I8);
+                append(r1, c, s, 1, t, 0, L);
+                std::vector<float> kw, vw;  // the widened values the cache holds
+                c.read(1, 0, L, s, kw, vw);
+                // mha_attention on the widened K and V: what every cached path must give, bit for bit.
+                const auto F = dense(r1, s, L, L, true, t.q.data(), kw.data(), vw.data());
+                const auto want = reference(s, L, L, true, t.q.data(), kw.data(), vw.data());
+                int bad = 0;
+                for (size_t i = 0; i < want.size(); ++i)
+                    if (!(std::fabs(F[i] - want[i]) <= 1e-5 * std::max(1.0, std::fabs(want[i]))) && bad++ < 3)
+                        FAIL_CHECK("[" << i << "] = " << F[i] << ", want " << want[i]);
+                std::vector<float> out(sz(L * row), test::kSentinel);
+                REQUIRE_MESSAGE(cached(r2, c, {1}, {0, L}, s.H, true, t.q.data(), out.data()) == MHA_OK, mha_last_error());
+                same_rows(out.data(), F.data(), L, row, "int8 cached prefill = mha_attention on the widened K, V");
+                int64_t pos = 0;
+                for (int64_t n : chunks_of(L, {1, 7, 64})) {
+                    append(r2, c, s, 2, t, pos, n);
+                    std::vector<float> o(sz(n * row), test::kSentinel);
+                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), o.data()) == MHA_OK);
+                    bad += !same_rows(o.data(), F.data() + pos * row, n, row, "int8 chunk", pos);
+                    pos += n;
+                }
+                for (int64_t i = 0; i < L && bad < 3; ++i) {
+                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                    append(rt, c, s, 3, t, i, 1);
+                    std::vector<float> o(sz(row), test::kSentinel);
+                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), o.data()) == MHA_OK);
+                    bad += !same_rows(o.data(), F.data() + i * row, 1, row, "int8 decode step", i);
                 }
                 CHECK(bad == 0);
             }

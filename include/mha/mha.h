@@ -107,8 +107,15 @@ mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,
                          const float *q, const float *k, const float *v, float *out);
 
 /* Storage types: of the KV cache (mha_kv_cache_config) and of a layer's weights (mha_layer_config).
- * Arithmetic stays fp32. MHA_BF16 answers MHA_UNSUPPORTED until bf16 storage is built. */
-typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;
+ * Arithmetic stays fp32. MHA_BF16 answers MHA_UNSUPPORTED until bf16 storage is built.
+ * MHA_I8 (the KV cache only): each appended token's K and V rows are stored per KV head as int8
+ * with one fp32 scale, symmetric: scale = max |x| / 127 (nudged by at most a few ulp so that
+ * 127 * scale == max |x| where a float allows it: a row of equal values round-trips exactly),
+ * q = round-to-nearest(x / scale); a zero row gets scale 0 and zeros. Attention widens them to fp32
+ * as it reads (value times scale) and computes exactly as over an fp32 cache holding those values,
+ * with the same bitwise guarantees. K and V must be finite (else MHA_INVALID_ARGUMENT, nothing
+ * appended). mha_kv_cache_read returns the widened values. */
+typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1, MHA_I8 = 2 } mha_dtype;
 
 /* Add & Norm around a sub-block f (attention, or the encoder's feed-forward network), with
  * LayerNorm(x) = (x - mean) / sqrt(var + eps) * norm_weight + norm_bias over each row's E values:

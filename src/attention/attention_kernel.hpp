@@ -137,6 +137,37 @@ struct FusedAttention {
         }
     }
 
+    // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
+    // widened to fp32 in the same panel layout: value times its token's scale. Lanes past n get 0.
+    static void widen_k(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t D, float *dst) {
+        const int8_t *q = c.k_panels_i8(b, h, j, D);
+        const float *sc = c.k_scales(b, h, j);
+        for (int64_t p = 0; p * NR < n; ++p) {
+            alignas(64) float lane_scale[NR];
+            for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? sc[p * NR + l] : 0.0f;
+            const int8_t *qp = q + p * NR * D;
+            float *dp = dst + p * NR * D;
+            for (int64_t d = 0; d < D; ++d)
+                for (int l = 0; l < NR; ++l) dp[d * NR + l] = static_cast<float>(qp[d * NR + l]) * lane_scale[l];
+        }
+    }
+
+    // An int8 cache's V rows of keys [j, j + n) of KV head h (within one block), widened into
+    // NR-column panels of depth `depth` from row `row`: value (j + t, c) at
+    // dst[c / NR * depth * NR + (row + t) * NR + c % NR].
+    static void widen_v(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t Dv, int64_t depth,
+                        int64_t row, float *dst) {
+        const int8_t *q = c.v_panels_i8(b, h, j);
+        const float *sc = c.v_scales(b, h, j);
+        for (int64_t p = 0; p * NR < Dv; ++p)
+            for (int64_t t = 0; t < n; ++t) {
+                const int8_t *qr = q + p * c.v_panel + t * NR;
+                float *dr = dst + p * depth * NR + (row + t) * NR;
+                const float f = sc[t];
+                for (int l = 0; l < NR; ++l) dr[l] = static_cast<float>(qr[l]) * f;
+            }
+    }
+
     // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
     // again; with it (one strip = all query blocks of a (batch, KV head) on one thread) each tile is
     // packed once, the first time a query block needs it, and reused by the later blocks. From the
@@ -148,7 +179,14 @@ struct FusedAttention {
             return s.cache_kv ? std::min(s.block_k, end - j0) : n;
         }
         const float *k(const Shape &s, const float *k, const Item &it, int64_t j0, int64_t n, const ItemScratch &w) {
-            if (s.kv_cache) return nullptr;  // panel_scores reads the cache's panels
+            if (s.kv_cache && !s.kv_cache->i8) return nullptr;  // panel_scores reads the cache's panels
+            if (s.kv_cache) {  // int8: the tile's panels widened once, block by block
+                for (int64_t j = 0, run; j < n; j += run) {
+                    run = std::min(n - j, s.kv_cache->run(j0 + j));
+                    widen_k(*s.kv_cache, it.b, it.g, j0 + j, run, s.head_dim, w.k_packed + j * s.head_dim);
+                }
+                return w.k_packed;
+            }
             const int64_t D = s.head_dim, t = j0 / s.block_k;
             float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
             if (!s.cache_kv || t >= k_ready) {
@@ -167,6 +205,10 @@ struct FusedAttention {
                 const CacheView &c = *s.kv_cache;
                 for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
                     run = std::min(depth - j, c.run(j0 + j));
+                    if (c.i8) {
+                        widen_v(c, it.b, it.g, j0 + j, run, Dv, depth, j, dst);
+                        continue;
+                    }
                     const float *src = c.v_panels(it.b, it.g, j0 + j);
                     for (int64_t p = 0; p < Dv; p += NR)
                         std::copy(src + p / NR * c.v_panel, src + p / NR * c.v_panel + run * NR, dst + p * depth + j * NR);
@@ -231,10 +273,12 @@ struct FusedAttention {
             step = direct_step(s, j0 + j, cols - j);
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 float *sh = w.s + h * Mg * s.block_k + j;
-                if (s.kv_cache)
-                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
-                                                           s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
+                if (s.kv_cache) {
+                    const float *kp = s.kv_cache->i8 ? w.k_packed : s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D);
+                    if (s.kv_cache->i8) widen_k(*s.kv_cache, it.b, it.g + h, j0 + j, step, D, w.k_packed);
+                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D, kp, sh,
                                                            s.block_k, 1.0f, 0.0f);
+                }
                 else
                     DirectTiles<Arch>::scores(Mg, step, D, w.q_packed + h * direct_ldqt(Mg) * D, direct_ldqt(Mg),
                                               k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, sh,
@@ -256,8 +300,15 @@ struct FusedAttention {
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 // Dense V rows (columns contiguous), or the cache's NR-column panels.
                 const CacheView *c = s.kv_cache;
-                const float *vr = c ? c->v_panels(it.b, it.g + h, j0 + j) : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
-                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, c ? c->v_panel : W};
+                const float *vr = w.v_packed;
+                int64_t panel = step * NR;
+                if (c && c->i8)  // widened into panels of this step's depth
+                    widen_v(*c, it.b, it.g + h, j0 + j, step, Dv, step, 0, w.v_packed);
+                else if (c)
+                    vr = c->v_panels(it.b, it.g + h, j0 + j), panel = c->v_panel;
+                else
+                    vr = v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv, panel = W;
+                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, panel};
                 DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr, cols_of,
                                               w.t + h * Mg * Dv);
             }
@@ -274,7 +325,7 @@ struct FusedAttention {
         if (cols == 0) return 0;
         const float *qp = w.q_packed + r0 * D;
         float *sp = w.s + r0 * s.block_k;
-        if (s.kv_cache) {  // the cache's panels, block by block
+        if (s.kv_cache && !s.kv_cache->i8) {  // the cache's panels, block by block
             for (int64_t j = 0, run; j < cols; j += run) {
                 run = std::min(cols - j, s.kv_cache->run(j0 + j));
                 gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, run, D, qp, s.kv_cache->k_panels(it.b, it.g, j0 + j, D),

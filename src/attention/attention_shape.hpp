@@ -37,6 +37,24 @@ struct CacheView {
     }
     // Keys from j to the end of j's block.
     int64_t run(int64_t j) const { return block_tokens - j % block_tokens; }
+
+    // An int8 cache (MHA_I8): the same panels hold int8 values (the offsets above count bytes),
+    // and each token has one fp32 scale per KV head for K and one for V, from float `scales` of
+    // the block on: K's [kv_heads][block_tokens], then V's. The kernels widen them as they read.
+    bool i8 = false;
+    int64_t scales = 0, kv_heads = 0;
+    const int8_t *k_panels_i8(int64_t b, int64_t h, int64_t j, int64_t head_dim) const {
+        return reinterpret_cast<const int8_t *>(block(b, j)) + h * k_head + (j % block_tokens) * head_dim;
+    }
+    const int8_t *v_panels_i8(int64_t b, int64_t h, int64_t j) const {
+        return reinterpret_cast<const int8_t *>(block(b, j)) + v_start + h * v_head + (j % block_tokens) * nr;
+    }
+    const float *k_scales(int64_t b, int64_t h, int64_t j) const {
+        return block(b, j) + scales + h * block_tokens + j % block_tokens;
+    }
+    const float *v_scales(int64_t b, int64_t h, int64_t j) const {
+        return block(b, j) + scales + (kv_heads + h) * block_tokens + j % block_tokens;
+    }
 };
 
 struct Shape {

@@ -181,6 +181,7 @@ LayerConfig LayerConfig::resolved() const {
     if (c.head_dim == 0) c.head_dim = c.embed_dim / c.num_heads;
     if (c.value_dim == 0) c.value_dim = c.embed_dim / c.num_heads;
     if (c.weight_dtype == DType::bf16) throw Error(Status::unsupported, "weight_dtype MHA_BF16 is not supported yet");
+    if (c.weight_dtype == DType::i8) throw Error(Status::unsupported, "weight_dtype MHA_I8 is for the kv cache only");
     if (c.weight_dtype != DType::f32)
         invalid_argument("weight_dtype = " + std::to_string(static_cast<int>(c.weight_dtype)) + " is not an mha_dtype");
     if (c.norm != Norm::none && c.norm != Norm::post && c.norm != Norm::pre)

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,6 +36,35 @@ int64_t default_block_tokens(int64_t block_k, int64_t nr) {
     return block_k;
 }
 
+// Symmetric int8 of n values x into at(0) .. at(n - 1), returning the one scale (see MHA_I8 in mha.h).
+template <class At>
+float quantize_i8(const float *x, int64_t n, const At &at) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    if (m == 0.0f) {
+        for (int64_t i = 0; i < n; ++i) at(i) = 0;
+        return 0.0f;
+    }
+    float scale = m / 127.0f;
+    // Nudge the scale (a few ulp at most) so that 127 * scale gives max |x| back where a float can.
+    for (float c : {scale, std::nextafter(scale, 0.0f), std::nextafter(scale, INFINITY)})
+        if (127.0f * c == m) {
+            scale = c;
+            break;
+        }
+    for (int64_t i = 0; i < n; ++i) {
+        const float r = std::nearbyint(x[i] / scale);
+        at(i) = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+    return scale;
+}
+
+bool all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(x[i])) return false;
+    return true;
+}
+
 } // namespace
 
 KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_unique<Impl>()) {
@@ -48,7 +79,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     positive("value_dim", cfg.value_dim);
     positive("max_tokens", cfg.max_tokens);
     if (cfg.dtype == DType::bf16) throw Error(Status::unsupported, "kv cache config: dtype MHA_BF16 is not supported yet");
-    if (cfg.dtype != DType::f32)
+    if (cfg.dtype != DType::f32 && cfg.dtype != DType::i8)
         invalid_argument("kv cache config: dtype = " + str(static_cast<int64_t>(cfg.dtype)) + " is not a known mha_dtype");
     for (int64_t v : {cfg.num_kv_heads, cfg.head_dim, cfg.value_dim})
         if (v > (int64_t{1} << 20)) invalid_argument("kv cache config: num_kv_heads, head_dim and value_dim must be at most 2^20");
@@ -67,7 +98,13 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.v_start = H * c.k_head;
     c.v_panel = bt * c.nr;
     c.v_head = (cfg.value_dim + c.nr - 1) / c.nr * c.v_panel;
-    c.block_floats = round_up(c.v_start + H * c.v_head, 16);
+    c.i8 = cfg.dtype == DType::i8;
+    if (c.i8) {  // int8 panels (bytes), then the fp32 scales
+        c.scales = round_up(c.v_start + H * c.v_head, 64) / 4;
+        c.block_floats = round_up(c.scales + 2 * H * bt, 16);
+    } else {
+        c.block_floats = round_up(c.v_start + H * c.v_head, 16);
+    }
     c.num_blocks = cfg.max_tokens / bt + (cfg.max_tokens % bt != 0);  // (max_tokens + bt - 1 may overflow)
     int64_t floats;
     if (c.num_blocks > INT32_MAX || __builtin_mul_overflow(c.num_blocks, c.block_floats, &floats) ||
@@ -109,6 +146,12 @@ const KVCache::Impl::Seq &KVCache::Impl::find(int64_t seq_id, const char *what) 
 
 KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appends) {
     const int64_t bt = cfg.block_tokens, D = cfg.head_dim, Dv = cfg.value_dim, H = cfg.num_kv_heads;
+    if (i8)  // int8 holds finite values only: checked before anything changes
+        for (const Append &a : appends)
+            for (int64_t t = 0; t < a.n; ++t)
+                if (!all_finite(a.k + t * a.ldk, H * D) || !all_finite(a.v + t * a.ldv, H * Dv))
+                    invalid_argument("kv cache: k or v of sequence " + str(a.seq) + " has a non-finite value at token " +
+                                     str(t) + "; an MHA_I8 cache stores finite values only; nothing was appended");
     std::unique_lock lock(mutex);
     // Count every block first: appending to some sequences and not others is never an outcome.
     int64_t need = 0;
@@ -170,6 +213,18 @@ KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appe
             const int64_t pos = s.len + t, o = pos % bt;
             if (o == 0) blocks.push_back(take());  // within the capacity reserved above
             float *blk = block(blocks.back());
+            if (i8) {
+                int8_t *blk8 = reinterpret_cast<int8_t *>(blk);
+                for (int64_t h = 0; h < H; ++h) {
+                    // K: lane o % NR of panel o / NR; V: row o of each NR-column panel. One scale each.
+                    int8_t *kd = blk8 + h * k_head + o / nr * nr * D + o % nr, *vd = blk8 + v_start + h * v_head + o * nr;
+                    blk[scales + h * bt + o] =
+                        quantize_i8(a.k + t * a.ldk + h * D, D, [&](int64_t d) -> int8_t & { return kd[d * nr]; });
+                    blk[scales + (H + h) * bt + o] = quantize_i8(
+                        a.v + t * a.ldv + h * Dv, Dv, [&](int64_t c) -> int8_t & { return vd[c / nr * v_panel + c % nr]; });
+                }
+                continue;
+            }
             for (int64_t h = 0; h < H; ++h) {
                 // K: token o is lane o % NR of panel o / NR, one value per depth step.
                 float *kd = blk + h * k_head + o / nr * nr * D + o % nr;
@@ -272,6 +327,23 @@ void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v)
     for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t, o = pos % bt;
         const float *blk = c.block(s.blocks[static_cast<size_t>(pos / bt)]);
+        if (c.i8) {  // widened: value times its token's scale
+            const int8_t *blk8 = reinterpret_cast<const int8_t *>(blk);
+            for (int64_t h = 0; h < H; ++h) {
+                if (k) {
+                    const float f = blk[c.scales + h * bt + o];
+                    const int8_t *ks = blk8 + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
+                    for (int64_t d = 0; d < D; ++d) k[(t * H + h) * D + d] = static_cast<float>(ks[d * c.nr]) * f;
+                }
+                if (v) {
+                    const float f = blk[c.scales + (H + h) * bt + o];
+                    for (int64_t d = 0; d < Dv; ++d)
+                        v[(t * H + h) * Dv + d] =
+                            static_cast<float>(blk8[c.v_start + h * c.v_head + d / c.nr * c.v_panel + o * c.nr + d % c.nr]) * f;
+                }
+            }
+            continue;
+        }
         for (int64_t h = 0; h < H; ++h) {
             if (k) {
                 const float *ks = blk + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
@@ -297,6 +369,9 @@ KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids
     }
     s.view = attention_detail::CacheView{pool.get(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head, v_panel,
                                          s.table_off.data(), s.blocks.data()};
+    s.view.i8 = i8;
+    s.view.scales = scales;
+    s.view.kv_heads = cfg.num_kv_heads;
     return s;
 }
 

@@ -32,6 +32,10 @@ struct KVCache::Impl {
     std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
     int64_t nr = 0, block_k = 0, kv_chunk = 0;
     int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, v_panel = 0, num_blocks = 0;
+    // int8 (cfg.dtype == i8): the panel offsets above count int8 values (bytes), and the scales
+    // start at float `scales` of each block: K's [num_kv_heads][block_tokens], then V's.
+    bool i8 = false;
+    int64_t scales = 0;
     detail::AlignedPtr<float> pool;
 
     mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
