@@ -68,7 +68,8 @@ const char *const kRunUsage =
 
 const char *const kBenchUsage =
     "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
-    "  Suites: gemm, softmax, attention, decode, layer, serving, encoder; each row beside its anchors, in one run.\n"
+    "  Suites: gemm, softmax, attention, decode, layer, serving, encoder, variants (not in --quick); each row beside its\n"
+    "  anchors, in one run.\n"
     "  --quick      the short run (under a minute)\n"
     "  --threads    thread counts to run (default 1,2)\n"
     "  --filter     run only rows whose \"suite/name/shape\" matches REGEX\n"
