@@ -31,6 +31,7 @@
 #include "attention/attention_shape.hpp"
 #include "attention/direct_tiles.hpp"
 #include "gemm/sgemm_macro.hpp"
+#include "simd/widen_i8.hpp"
 #include "softmax/softmax_kernels.hpp"
 
 namespace mha::attention_detail {
@@ -145,10 +146,13 @@ struct FusedAttention {
         for (int64_t p = 0; p * NR < n; ++p) {
             alignas(64) float lane_scale[NR];
             for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? sc[p * NR + l] : 0.0f;
+            V f[NV];
+            for (int c = 0; c < NV; ++c) f[c] = V::load_aligned(lane_scale + c * W);
             const int8_t *qp = q + p * NR * D;
             float *dp = dst + p * NR * D;
             for (int64_t d = 0; d < D; ++d)
-                for (int l = 0; l < NR; ++l) dp[d * NR + l] = static_cast<float>(qp[d * NR + l]) * lane_scale[l];
+                for (int c = 0; c < NV; ++c)
+                    (simd::widen_i8<Arch>(qp + d * NR + c * W) * f[c]).store_unaligned(dp + d * NR + c * W);
         }
     }
 
@@ -163,8 +167,8 @@ struct FusedAttention {
             for (int64_t t = 0; t < n; ++t) {
                 const int8_t *qr = q + p * c.v_panel + t * NR;
                 float *dr = dst + p * depth * NR + (row + t) * NR;
-                const float f = sc[t];
-                for (int l = 0; l < NR; ++l) dr[l] = static_cast<float>(qr[l]) * f;
+                const V f(sc[t]);
+                for (int l = 0; l < NV; ++l) (simd::widen_i8<Arch>(qr + l * W) * f).store_unaligned(dr + l * W);
             }
     }
 
