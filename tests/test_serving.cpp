@@ -1173,6 +1173,91 @@ TEST_CASE("int8 cache: attention adds no error beyond storage (double reference 
             }
 }
 
+TEST_CASE("kv cache window: blocks outside every future window go back, attention keeps its bits, and what they held is refused") {
+    const Shape s{8, 2, 16, 16};
+    const int64_t W = 100, L = 700;
+    for (Isa isa : supported_isas())
+        for (mha_dtype dtype : {MHA_F32, MHA_I8}) {
+            CAPTURE(std::string(isa_name(isa)));
+            CAPTURE(static_cast<int>(dtype));
+            const Setup su = tiles_setup(isa, 5, 64, 128);
+            Rt r1(1, su), r2(2, su);
+            const SeqData t(s, L, 4000);
+            mha_kv_cache_config cfg{};
+            cfg.num_kv_heads = s.Hkv; cfg.head_dim = s.D; cfg.value_dim = s.Dv;
+            cfg.max_tokens = 2048;
+            cfg.dtype = dtype;
+            cfg.window = W;
+            mha_kv_cache *c = nullptr;
+            REQUIRE_MESSAGE(mha_kv_cache_create(r1, &cfg, &c) == MHA_OK, mha_last_error());
+            mha_kv_cache_config got{};
+            REQUIRE(mha_kv_cache_get_config(c, &got) == MHA_OK);
+            CHECK(got.window == W);
+            const int64_t bt = got.block_tokens;
+            int64_t all_free = 0;
+            REQUIRE(mha_kv_cache_free_tokens(c, &all_free) == MHA_OK);
+            // The reference: the same tokens in a cache that keeps everything, attended with the window.
+            Cache full(r1, s, 2048, 0, dtype);
+            append(r1, full, s, 1, t, 0, L);
+            const VariantScope scope(mha_attention_variant{W, 0.0f, nullptr, nullptr});
+            std::vector<float> want(sz(L * s.o_row()));
+            REQUIRE(cached(r1, full, {1}, {0, L}, s.H, true, t.q.data(), want.data()) == MHA_OK);
+            int64_t pos = 0, bad = 0, most_held = 0;
+            for (int64_t n : chunks_of(L, {50, 1, 7, 64, 100, 1, 1, 200})) {
+                mha_runtime *rt = pos % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                append(rt, c, s, 7, t, pos, n);
+                std::vector<float> out(sz(n * s.o_row()), test::kSentinel);
+                REQUIRE_MESSAGE(cached(rt, c, {7}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK,
+                                std::string(mha_last_error()));
+                bad += !same_rows(out.data(), want.data() + pos * s.o_row(), n, s.o_row(), "window cache chunk", pos);
+                pos += n;
+                int64_t free_now = 0;
+                REQUIRE(mha_kv_cache_free_tokens(c, &free_now) == MHA_OK);
+                most_held = std::max(most_held, all_free - free_now);
+                // Held: what the last append's first token can see, plus that append, in whole blocks.
+                CHECK(all_free - free_now <= (W + n + 2 * bt) / bt * bt);
+            }
+            CHECK(bad == 0);
+            CHECK(most_held < L);
+            // A window past the cache's, or none, is refused; so are queries whose window reaches
+            // released positions, and reading them.
+            std::vector<float> out(sz(400 * s.o_row()), test::kSentinel);
+            {
+                const VariantScope wide(mha_attention_variant{W + 1, 0.0f, nullptr, nullptr});
+                CHECK(cached(r1, c, {7}, {0, 1}, s.H, true, t.q.data() + (L - 1) * s.q_row(), out.data()) == MHA_INVALID_ARGUMENT);
+                CHECK(std::string(mha_last_error()).find("variant.window") != std::string::npos);
+            }
+            {
+                const VariantScope none(mha_attention_variant{});
+                CHECK(cached(r1, c, {7}, {0, 1}, s.H, true, t.q.data() + (L - 1) * s.q_row(), out.data()) == MHA_INVALID_ARGUMENT);
+            }
+            {
+                const VariantScope again(mha_attention_variant{W, 0.0f, nullptr, nullptr});  // (scopes reset to none)
+                // The last append (276 tokens at 424) released what precedes 325 - 325 % bt: queries from 300 see 201 on.
+                CHECK(cached(r1, c, {7}, {0, 400}, s.H, true, t.q.data() + (L - 400) * s.q_row(), out.data()) ==
+                      MHA_INVALID_ARGUMENT);
+                CHECK(std::string(mha_last_error()).find("released") != std::string::npos);
+            }
+            CHECK(all_sentinel(out));
+            std::vector<float> k(sz(s.k_row())), v(sz(s.v_row()));
+            CHECK(mha_kv_cache_read(c, 7, 0, 1, k.data(), v.data()) == MHA_INVALID_ARGUMENT);
+            CHECK(mha_kv_cache_read(c, 7, L - 1, 1, k.data(), v.data()) == MHA_OK);
+            // Fork shares what is left; releasing both gives every block back.
+            REQUIRE(mha_kv_cache_fork(c, 7, 8) == MHA_OK);
+            append(r1, c, s, 8, t, 0, 1);
+            REQUIRE(mha_kv_cache_release(c, 7) == MHA_OK);
+            REQUIRE(mha_kv_cache_release(c, 8) == MHA_OK);
+            int64_t free_end = 0;
+            REQUIRE(mha_kv_cache_free_tokens(c, &free_end) == MHA_OK);
+            CHECK(free_end == all_free);
+            cfg.window = -1;
+            mha_kv_cache *none = nullptr;
+            CHECK(mha_kv_cache_create(r1, &cfg, &none) == MHA_INVALID_ARGUMENT);
+            CHECK(std::string(mha_last_error()).find("window") != std::string::npos);
+            mha_kv_cache_destroy(c);
+        }
+}
+
 TEST_CASE("bit-identity with tiles 5/7/14: a cache with blocks of attn_block_k tokens, chunks and decode = mha_attention") {
     // block_tokens 0 must resolve to something legal: with attn_block_k = 7 only 7 itself.
     for (Isa isa : supported_isas()) {

@@ -247,6 +247,14 @@ typedef struct mha_kv_cache_config {
                                     or be a multiple of attn_block_k when attn_block_k is a multiple of NR */
     int64_t max_tokens;          /* capacity over all sequences, rounded up to whole blocks; every block is allocated at creation */
     mha_dtype dtype;
+    int64_t window;              /* 0 = keep every token; W > 0: when n tokens are appended to a sequence of len
+                                    tokens, its blocks that hold only positions <= len - W (outside the window of
+                                    every query at a position >= len, the appended tokens' and later ones) go
+                                    back to the free blocks (shared blocks when their last owner lets go), and
+                                    their positions read as zeros. Attention over the cache must then use a
+                                    window of at most W, on queries whose windows keep clear of the released
+                                    positions (else MHA_INVALID_ARGUMENT); mha_kv_cache_read of a released
+                                    position too. Bitwise, nothing changes: those keys were outside every window */
 } mha_kv_cache_config;
 mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *config, mha_kv_cache **out);
 void       mha_kv_cache_destroy(mha_kv_cache *cache);                                   /* NULL is fine */

@@ -42,6 +42,7 @@ struct KVCacheConfig {
     int64_t block_tokens = 0;  // 0 = the runtime's choice; see mha_kv_cache_config in mha.h for what fits
     int64_t max_tokens = 0;    // capacity, rounded up to whole blocks
     DType dtype = DType::f32;
+    int64_t window = 0;        // 0 = keep every token; W: release blocks outside every future window (see mha.h)
 };
 
 // The paged cache (see mha.h for the thread rules). All blocks are allocated at construction.

@@ -363,6 +363,7 @@ mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *confi
         c.block_tokens = config->block_tokens;
         c.max_tokens = config->max_tokens;
         c.dtype = dtype_of(&config->dtype);
+        c.window = config->window;
         *out = new mha_kv_cache(r, c);
     });
 }
@@ -401,7 +402,7 @@ mha_status mha_kv_cache_get_config(const mha_kv_cache *cache, mha_kv_cache_confi
     return cache_query(cache, config, "config", [](const mha::KVCache &c) {
         const mha::KVCacheConfig &r = c.config();
         return mha_kv_cache_config{r.num_kv_heads, r.head_dim,   r.value_dim,
-                                   r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype)};
+                                   r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype), r.window};
     });
 }
 

@@ -87,6 +87,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.nr = st.sgemm->nr;
     c.block_k = st.tiles.attn_block_k;
     c.kv_chunk = st.tiles.attn_kv_chunk;
+    if (cfg.window < 0) invalid_argument("kv cache config: window = " + str(cfg.window) + " is negative (0 = keep every token)");
     if (cfg.block_tokens < 0) invalid_argument("kv cache config: block_tokens = " + str(cfg.block_tokens) + " is negative");
     if (cfg.block_tokens == 0) cfg.block_tokens = default_block_tokens(c.block_k, c.nr);
     if (!block_fits(cfg.block_tokens, c.block_k, c.nr))
@@ -107,7 +108,8 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     }
     c.num_blocks = cfg.max_tokens / bt + (cfg.max_tokens % bt != 0);  // (max_tokens + bt - 1 may overflow)
     int64_t floats;
-    if (c.num_blocks > INT32_MAX || __builtin_mul_overflow(c.num_blocks, c.block_floats, &floats) ||
+    const int64_t pool_blocks = c.num_blocks + (cfg.window > 0);  // and the zero block
+    if (c.num_blocks >= INT32_MAX || __builtin_mul_overflow(pool_blocks, c.block_floats, &floats) ||
         floats > INT64_MAX / 8)
         invalid_argument("kv cache config: max_tokens = " + str(cfg.max_tokens) + " overflows the cache's size");
     c.cfg = cfg;
@@ -120,6 +122,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     if (align == kHuge) madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
     std::memset(c.pool.get(), 0, bytes);
     c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
+    if (cfg.window > 0) c.zero_block = static_cast<int32_t>(c.num_blocks);
     c.free_blocks.resize(static_cast<size_t>(c.num_blocks));
     for (int64_t i = 0; i < c.num_blocks; ++i) c.free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(c.num_blocks - 1 - i);
 }
@@ -128,7 +131,9 @@ KVCache::~KVCache() = default;
 
 const KVCacheConfig &KVCache::config() const { return impl_->cfg; }
 
-size_t KVCache::bytes() const { return static_cast<size_t>(impl_->num_blocks * impl_->block_floats) * sizeof(float); }
+size_t KVCache::bytes() const {
+    return static_cast<size_t>((impl_->num_blocks + (impl_->zero_block >= 0)) * impl_->block_floats) * sizeof(float);
+}
 
 void KVCache::Impl::check_runtime(const detail::RuntimeState &st) const {
     if (st.tiles.gemm_ukernel != ukernel || st.tiles.attn_block_k != block_k || st.tiles.attn_kv_chunk != kv_chunk)
@@ -238,24 +243,35 @@ KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appe
             }
         }
         s.blocks.swap(blocks);
+        // The window: blocks that hold only positions before the first one the new tokens' windows
+        // reach go back (for good: undo() keeps them released).
+        const int64_t keep_from = cfg.window > 0 ? s.len - cfg.window + 1 : 0;
+        for (int64_t b = s.released / bt; cfg.window > 0 && (b + 1) * bt <= keep_from; ++b) {
+            unref(s.blocks[static_cast<size_t>(b)]);
+            s.blocks[static_cast<size_t>(b)] = zero_block;
+            s.released = (b + 1) * bt;
+        }
         s.len += a.n;
     }
+    if (cfg.window > 0) std::sort(free_blocks.begin(), free_blocks.end(), std::greater<>());  // as release keeps them
     return u;
 }
 
 void KVCache::Impl::undo(AppendUndo &u) noexcept {
     std::unique_lock lock(mutex);
-    auto drop = [&](int32_t b) {
-        if (--refs[static_cast<size_t>(b)] == 0) free_blocks.push_back(b);  // never past num_blocks: no reallocation
-    };
+    auto drop = [&](int32_t b) { unref(b); };
     for (size_t i = 0; i < u.ids.size(); ++i) {
         const auto it = seqs.find(u.ids[i]);
         if (it == seqs.end() || it->second.len == u.old_lens[i]) continue;  // nothing appended to it
         std::vector<int32_t> &now = it->second.blocks, &old = u.old_blocks[i];
         for (size_t j = 0; j < now.size(); ++j) {
             if (j < old.size() && now[j] == old[j]) continue;
+            if (now[j] == zero_block) {  // released by that append: it stays released
+                if (j < old.size()) old[j] = zero_block;
+                continue;
+            }
             drop(now[j]);                                      // a new block, or the private copy of a shared one
-            if (j < old.size()) ++refs[static_cast<size_t>(old[j])];  // which it shares again
+            if (j < old.size()) ref(old[j]);  // which it shares again
         }
         now.swap(old);
         it->second.len = u.old_lens[i];
@@ -286,15 +302,14 @@ void KVCache::fork(int64_t src_seq, int64_t dst_seq) {
     if (c.seqs.count(dst_seq)) invalid_argument("dst_seq = " + str(dst_seq) + " is already a sequence of the kv cache");
     Impl::Seq copy = src;  // may throw, and then nothing has changed
     const auto &dst = c.seqs.emplace(dst_seq, std::move(copy)).first->second;
-    for (int32_t b : dst.blocks) ++c.refs[static_cast<size_t>(b)];
+    for (int32_t b : dst.blocks) c.ref(b);
 }
 
 void KVCache::release(int64_t seq_id) {
     Impl &c = *impl_;
     std::unique_lock lock(c.mutex);
     const Impl::Seq &s = c.find(seq_id, "seq_id");
-    for (int32_t b : s.blocks)
-        if (--c.refs[static_cast<size_t>(b)] == 0) c.free_blocks.push_back(b);
+    for (int32_t b : s.blocks) c.unref(b);
     // Keep the lowest ids on top, so allocation stays in address order however blocks come back.
     std::sort(c.free_blocks.begin(), c.free_blocks.end(), std::greater<>());
     c.seqs.erase(seq_id);
@@ -324,6 +339,9 @@ void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v)
     if (n < 0 || n > s.len - start)
         invalid_argument("n_tokens = " + str(n) + " is outside [0, " + str(s.len - start) + "]: sequence " + str(seq_id) +
                          " holds " + str(s.len) + " tokens and start = " + str(start));
+    if (n > 0 && start < s.released)
+        invalid_argument("start = " + str(start) + ": positions [0, " + str(s.released) + ") of sequence " + str(seq_id) +
+                         " were released (they are outside the cache's window = " + str(c.cfg.window) + ")");
     for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t, o = pos % bt;
         const float *blk = c.block(s.blocks[static_cast<size_t>(pos / bt)]);
@@ -364,6 +382,7 @@ KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids
     for (size_t i = 0; i < seq_ids.size(); ++i) {
         const Seq &q = find(seq_ids[i], ("seq_ids[" + std::to_string(i) + "]").c_str());
         s.lens.push_back(q.len);
+        s.released.push_back(q.released);
         s.blocks.insert(s.blocks.end(), q.blocks.begin(), q.blocks.end());
         s.table_off.push_back(static_cast<int64_t>(s.blocks.size()));
     }
