@@ -64,6 +64,12 @@ struct AttentionCase {
     const int32_t *valid = nullptr;
     const uint8_t *mask = nullptr;
     int64_t mbs = 0, mrs = 0;
+    // Score modifiers (mha_attention_variant), straight from their definitions: query i at position
+    // p = i + Lk - Lq sees key j only if j > p - window; s = cap tanh(s / cap), then
+    // s += slope[h] (j - p); a sink is one more logit in the softmax with no value row (gpt-oss).
+    int64_t window = 0;
+    double softcap = 0;
+    const float *alibi = nullptr, *sinks = nullptr;
 };
 
 template <class T>  // float inputs, or double (the projections of the reference layer)
@@ -84,17 +90,26 @@ void attention(const AttentionCase &c, const T *q, const T *k, const T *v, std::
                     if (c.causal && j > i + c.Lk - c.Lq) ok = false;
                     if (c.valid && j >= c.valid[b]) ok = false;
                     if (c.mask && !c.mask[b * c.mbs + i * c.mrs + j]) ok = false;
+                    const int64_t pos = i + c.Lk - c.Lq;
+                    if (c.window > 0 && j <= pos - c.window) ok = false;
                     vis[static_cast<size_t>(j)] = ok;
                     if (!ok) continue;
                     double d = 0;
                     for (int64_t x = 0; x < c.D; ++x)
                         d += static_cast<double>(q[((b * c.Lq + i) * c.H + h) * c.D + x]) *
                              k[((b * c.Lk + j) * c.Hkv + g) * c.D + x];
-                    s[static_cast<size_t>(j)] = d * c.scale;
-                    m = std::max(m, d * c.scale);
+                    d *= c.scale;
+                    if (c.softcap > 0) d = c.softcap * std::tanh(d / c.softcap);
+                    if (c.alibi) d += static_cast<double>(c.alibi[h]) * static_cast<double>(j - pos);
+                    s[static_cast<size_t>(j)] = d;
+                    m = std::max(m, d);
                 }
                 if (m == -INFINITY) continue;
                 double sum = 0;
+                if (c.sinks) {  // softmax over [scores, sink], the sink's column dropped
+                    m = std::max(m, static_cast<double>(c.sinks[h]));
+                    sum += std::exp(static_cast<double>(c.sinks[h]) - m);
+                }
                 for (int64_t j = 0; j < c.Lk; ++j)
                     if (vis[static_cast<size_t>(j)]) sum += s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - m);
                 for (int64_t j = 0; j < c.Lk; ++j) {

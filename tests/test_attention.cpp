@@ -407,6 +407,170 @@ TEST_CASE("8 host threads share one runtime") {
     for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
 }
 
+// ---- Score modifiers: window, softcap, ALiBi, sinks (mha_attention_variant) ----------------------
+
+namespace {
+
+struct VariantSpec {
+    const char *what;
+    int64_t window = 0;
+    float softcap = 0.0f;
+    bool alibi = false, sinks = false;
+};
+
+const VariantSpec kVariants[] = {
+    {"window", 6},
+    {"softcap", 0, 0.3f},
+    {"alibi", 0, 0.0f, true},
+    {"sinks", 0, 0.0f, false, true},
+    {"all together", 9, 0.5f, true, true},
+};
+
+// ALiBi's slopes for H heads (Press et al. 2022: 2^(-8 h / H), h = 1..H) and sinks around 0..2.
+struct VariantData {
+    std::vector<float> slopes, sinks;
+};
+
+void set_variant(const VariantSpec &v, int64_t H, VariantData &vd, AttentionVariant &av, ref::AttentionCase &rc) {
+    vd.slopes.clear();
+    vd.sinks.clear();
+    for (int64_t h = 0; h < H; ++h) {
+        vd.slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(H)));
+        vd.sinks.push_back(0.25f * static_cast<float>(h % 8) - 0.3f);
+    }
+    av = AttentionVariant{v.window, v.softcap, v.alibi ? vd.slopes.data() : nullptr, v.sinks ? vd.sinks.data() : nullptr};
+    rc.window = v.window;
+    rc.softcap = v.softcap;
+    rc.alibi = av.alibi_slopes;
+    rc.sinks = av.sink_logits;
+}
+
+// Against double (out and weights), and the same bits on 1 and 2 threads.
+void check_variant(const Case &c, const VariantSpec &v, const RuntimeOptions &o, uint32_t seed) {
+    Data d = make(c, seed);
+    VariantData vd;
+    set_variant(v, c.H, vd, d.p.variant, d.rc);
+    const Result r = check_same_bits_1_2_threads(c, d, o);
+    std::vector<double> want, want_w;
+    ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want, &want_w);
+    int bad = 0;
+    for (size_t i = 0; i < r.out.size(); ++i)
+        if (!(std::fabs(r.out[i] - want[i]) <= 5e-5) && bad++ < 3)
+            FAIL_CHECK(std::string(c.what) << " / " << v.what << " out[" << i << "] = " << r.out[i] << ", want " << want[i]);
+    for (size_t i = 0; i < r.w.size(); ++i)
+        if (!(std::fabs(r.w[i] - want_w[i]) <= 5e-5) && bad++ < 6)
+            FAIL_CHECK(std::string(c.what) << " / " << v.what << " weights[" << i << "] = " << r.w[i] << ", want " << want_w[i]);
+}
+
+const Case kVariantCases[] = {
+    {"self, causal", 2, 37, 37, 4, 4, 16, 16, true},
+    {"self, not causal", 1, 29, 29, 2, 2, 16, 16},
+    {"cross, Lq < Lk, causal, GQA, masks", 2, 11, 40, 4, 2, 8, 12, true, 1, 2},
+    {"Lq < Lk, not causal, several key tiles", 1, 5, 300, 2, 1, 32, 16},
+    {"decode (direct path), GQA", 3, 1, 50, 8, 2, 32, 32, true, 1},
+    {"speculative rows (direct path), not causal", 2, 3, 45, 4, 2, 16, 8},
+};
+
+} // namespace
+
+TEST_CASE("variant: window, softcap, ALiBi, sinks, alone and together, against double; every path and ISA") {
+    for (const auto &o : runtimes(1))
+        for (const auto &c : kVariantCases)
+            for (const auto &v : kVariants) {
+                CAPTURE(std::string(isa_name(*o.isa)));
+                CAPTURE(o.tiles.has_value());
+                CAPTURE(c.what);
+                CAPTURE(v.what);
+                check_variant(c, v, o, 41);
+            }
+}
+
+TEST_CASE("variant: a window skips whole tiles and chunks, with the bits of the same band as a boolean mask") {
+    // Long rows, so the window leaves whole tiles and chunks out (default and tiny tiles), on the
+    // packed path (query blocks, strips), the direct path (decode) and keys split over threads.
+    for (const Case c : {Case{"prefill", 1, 70, 700, 4, 2, 16, 16, true, 0, 2, true},
+                         Case{"not causal", 2, 40, 300, 2, 2, 16, 8, false, 1, 0, true},
+                         Case{"decode", 2, 1, 3000, 8, 2, 32, 32, true, 0, 0, true}}) {
+        CAPTURE(c.what);
+        for (int64_t window : {1, 5, 64, 200}) {
+            CAPTURE(window);
+            Data d = make(c, 51);
+            d.p.variant.window = window;
+            d.rc.window = window;
+            // The band as a full boolean mask [B, Lq, Lk], combined with the case's own mask.
+            std::vector<uint8_t> band(static_cast<size_t>(c.B * c.Lq * c.Lk));
+            for (int64_t b = 0; b < c.B; ++b)
+                for (int64_t i = 0; i < c.Lq; ++i)
+                    for (int64_t j = 0; j < c.Lk; ++j) {
+                        const bool own = !d.p.mask || d.p.mask[b * d.p.mask_batch_stride + i * d.p.mask_row_stride + j];
+                        band[static_cast<size_t>((b * c.Lq + i) * c.Lk + j)] = own && j > i + c.Lk - c.Lq - window;
+                    }
+            for (const auto &o : runtimes(1)) {
+                CAPTURE(std::string(isa_name(*o.isa)));
+                CAPTURE(o.tiles.has_value());
+                const Result r = check_same_bits_1_2_threads(c, d, o);
+                Data banded = d;
+                banded.p.variant.window = 0;
+                banded.p.mask = band.data();
+                banded.p.mask_batch_stride = c.Lq * c.Lk;
+                banded.p.mask_row_stride = c.Lk;
+                Runtime rt(o);
+                const Result m = run(rt, c, banded);
+                CHECK(test::same_bits(r.out, m.out));
+                CHECK(test::same_bits(r.w, m.w));
+                std::vector<double> want;
+                ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
+                int bad = 0;
+                for (size_t i = 0; i < r.out.size(); ++i)
+                    if (!(std::fabs(r.out[i] - want[i]) <= 5e-5) && bad++ < 3)
+                        FAIL_CHECK("out[" << i << "] = " << r.out[i] << ", want " << want[i]);
+            }
+        }
+    }
+}
+
+TEST_CASE("variant: sinks as gpt-oss computes them, ALiBi as the paper's bias") {
+    // gpt-oss (openai/gpt-oss, torch reference): w = softmax(cat([scores, sink]), -1)[..., :-1];
+    // out = w V. ALiBi (Press et al.): scores + m_h (j - i), m_h = 2^(-8h/H), causal. Both here in
+    // plain double from the unmodified scores, not through the reference's modifier code.
+    const int64_t Lq = 6, Lk = 10, H = 4, D = 8;
+    const auto q = test::random_floats(static_cast<size_t>(Lq * H * D), 61), k = test::random_floats(static_cast<size_t>(Lk * H * D), 62),
+               v = test::random_floats(static_cast<size_t>(Lk * H * D), 63);
+    const float sinks[H] = {-1.0f, 0.0f, 1.5f, 4.0f}, slopes[H] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    for (int kind = 0; kind < 2; ++kind) {
+        AttentionParams p;
+        p.batch = 1; p.q_len = Lq; p.kv_len = Lk; p.num_heads = H; p.num_kv_heads = H; p.head_dim = D; p.value_dim = D;
+        p.causal = kind == 1;
+        if (kind == 0) p.variant.sink_logits = sinks; else p.variant.alibi_slopes = slopes;
+        for (Isa isa : supported_isas()) {
+            Runtime rt(RuntimeOptions{1, isa, {}, {}});
+            std::vector<float> out(static_cast<size_t>(Lq * H * D));
+            attention(rt, p, q.data(), k.data(), v.data(), out.data());
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t i = 0; i < Lq; ++i) {
+                    std::vector<double> logits;
+                    for (int64_t j = 0; j < Lk; ++j) {
+                        double sc = 0;
+                        for (int64_t x = 0; x < D; ++x) sc += double(q[(i * H + h) * D + x]) * k[(j * H + h) * D + x];
+                        sc /= std::sqrt(double(D));
+                        if (kind == 1) sc += slopes[h] * double(j - (i + Lk - Lq));
+                        if (kind == 1 && j > i + Lk - Lq) sc = -INFINITY;
+                        logits.push_back(sc);
+                    }
+                    if (kind == 0) logits.push_back(sinks[h]);  // cat([scores, sink])
+                    double mx = -INFINITY, sum = 0;
+                    for (double x : logits) mx = std::max(mx, x);
+                    for (double &x : logits) sum += x = std::exp(x - mx);
+                    for (int64_t x = 0; x < D; ++x) {
+                        double o = 0;
+                        for (int64_t j = 0; j < Lk; ++j) o += logits[static_cast<size_t>(j)] / sum * v[(j * H + h) * D + x];
+                        CHECK(std::fabs(out[static_cast<size_t>((i * H + h) * D + x)] - o) <= 2e-6);
+                    }
+                }
+        }
+    }
+}
+
 TEST_CASE("mha_attention: bad input gets a status and a message, and out is left untouched") {
     mha_runtime *rt = nullptr;
     REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
@@ -443,5 +607,12 @@ TEST_CASE("mha_attention: bad input gets a status and a message, and out is left
     p = good(); expect(p, q.data(), k.data(), nullptr, out.data(), "v is NULL");
     p = good(); expect(p, q.data(), k.data(), v.data(), nullptr, "out is NULL");
     p = good(); p.q_len = INT64_C(1) << 40; p.head_dim = INT64_C(1) << 30; expect(p, q.data(), k.data(), v.data(), out.data(), "overflow");
+    p = good(); p.variant.window = -1; expect(p, q.data(), k.data(), v.data(), out.data(), "variant.window");
+    for (float cap : {-1.0f, NAN, INFINITY}) {
+        p = good(); p.variant.softcap = cap; expect(p, q.data(), k.data(), v.data(), out.data(), "variant.softcap");
+    }
+    const float bad_slopes[2] = {0.5f, NAN}, bad_sinks[2] = {INFINITY, 0.0f};
+    p = good(); p.variant.alibi_slopes = bad_slopes; expect(p, q.data(), k.data(), v.data(), out.data(), "variant.alibi_slopes[1]");
+    p = good(); p.variant.sink_logits = bad_sinks; expect(p, q.data(), k.data(), v.data(), out.data(), "variant.sink_logits[0]");
     mha_runtime_destroy(rt);
 }

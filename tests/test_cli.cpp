@@ -245,3 +245,36 @@ TEST_CASE("mha-run: wrong encoder command lines are refused, naming the flag") {
     CHECK(err({"--weights", "w", "--query", "q", "--encoder-layers", "1"}).find("--num-heads is required") !=
           std::string::npos);
 }
+
+TEST_CASE("mha-run: --window, --softcap, --alibi, --sinks, --rope-*, --kv-dtype") {
+    const RunOptions d = parse_run_args(kMinimal);
+    CHECK(d.window == 0);
+    CHECK(d.softcap == 0.0f);
+    CHECK(!d.alibi);
+    CHECK(d.sinks.empty());
+    CHECK(d.rope_dims == 0);
+    CHECK(d.kv_dtype == "f32");
+    const RunOptions o = parse_run_args(with({"--window", "4096", "--softcap", "50", "--alibi", "--sinks", "s.npy",
+                                              "--rope-dims", "64", "--rope-theta", "500000", "--rope-interleaved",
+                                              "--generate", "4", "--kv-dtype", "i8"}));
+    CHECK(o.window == 4096);
+    CHECK(o.softcap == 50.0f);
+    CHECK(o.alibi);
+    CHECK(o.sinks == "s.npy");
+    CHECK(o.rope_dims == 64);
+    CHECK(o.rope_theta == 500000.0f);
+    CHECK(o.rope_interleaved);
+    CHECK(o.kv_dtype == "i8");
+    auto err = [](const std::vector<std::string> &a) { return usage_error(a, parse_run_args); };
+    CHECK(err(with({"--window", "0"})).find("--window: '0'") != std::string::npos);
+    CHECK(err(with({"--window", "-1"})).find("--window") != std::string::npos);
+    for (const char *c : {"0", "-2", "nan", "inf", "x"})
+        CHECK(err(with({"--softcap", c})).find("--softcap") != std::string::npos);
+    CHECK(err(with({"--rope-dims", "3"})).find("--rope-dims: 3 is odd") != std::string::npos);
+    CHECK(err(with({"--rope-dims", "0"})).find("--rope-dims") != std::string::npos);
+    CHECK(err(with({"--rope-theta", "100"})).find("need --rope-dims") != std::string::npos);
+    CHECK(err(with({"--rope-dims", "8", "--rope-theta", "-1"})).find("--rope-theta") != std::string::npos);
+    CHECK(err(with({"--generate", "2", "--kv-dtype", "f16"})).find("--kv-dtype: 'f16'") != std::string::npos);
+    CHECK(err(with({"--kv-dtype", "i8"})).find("--kv-dtype needs --generate") != std::string::npos);
+    CHECK(err(with({"--encoder-layers", "1", "--window", "8"})).find("--encoder-layers") != std::string::npos);
+}

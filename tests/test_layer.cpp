@@ -15,6 +15,7 @@
 #include "io/torch_mha.hpp"
 #include "mha/layer.hpp"
 #include "mha/mha.h"
+#include "mha/serving.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"
 
@@ -568,4 +569,181 @@ TEST_CASE("layer: forward_varlen refuses bad offsets and cross-attention layers,
     const int64_t ok[] = {0, 4};
     CHECK_THROWS_WITH_AS(cross_layer.forward_varlen(rt, LayerVarlenForward{1, ok, false}, x.data(), out.data()),
                          doctest::Contains("self-attention"), Error);
+}
+
+// ---- Rotary embeddings and score modifiers in the layer -------------------------------------------
+
+namespace {
+
+struct RopeCase {
+    LayerConfig c;
+    std::vector<float> x, wq, wk, wv, wo, bq, bk, bv, bo;
+    std::vector<double> want;
+    int64_t B = 0, L = 0;
+    LayerWeights view() const {
+        LayerWeights w;
+        w.q_weight = wq.data(); w.k_weight = wk.data(); w.v_weight = wv.data(); w.out_weight = wo.data();
+        w.q_bias = bq.data(); w.k_bias = bk.data(); w.v_bias = bv.data(); w.out_bias = bo.data();
+        return w;
+    }
+};
+
+RopeCase load_rope_case(const std::string &name) {
+    namespace fs = std::filesystem;
+    const fs::path d = fs::path(MHA_TEST_DATA) / "rope" / name;
+    RopeCase r;
+    std::ifstream f(d / "case.txt");
+    std::string word;
+    int interleaved = 0;
+    while (f >> word) {
+        if (word == "num_heads") f >> r.c.num_heads;
+        else if (word == "num_kv_heads") f >> r.c.num_kv_heads;
+        else if (word == "head_dim") f >> r.c.head_dim;
+        else if (word == "rope_dims") f >> r.c.rope.dims;
+        else if (word == "theta") f >> r.c.rope.theta;
+        else if (word == "interleaved") f >> interleaved;
+        else if (word == "position_scale") f >> r.c.rope.position_scale;
+    }
+    r.c.rope.interleaved = interleaved != 0;
+    r.c.value_dim = r.c.head_dim;
+    const auto xa = io::read_npy((d / "x.npy").string());
+    r.B = xa.shape[0];
+    r.L = xa.shape[1];
+    r.c.embed_dim = xa.shape[2];
+    const int64_t E = r.c.embed_dim, nq = r.c.num_heads * r.c.head_dim, nk = r.c.num_kv_heads * r.c.head_dim;
+    r.x = io::to_floats("x", xa, {r.B, r.L, E});
+    auto ld = [&](const char *n, std::vector<int64_t> shape) { return load_floats((d / (std::string(n) + ".npy")).string(), shape); };
+    r.wq = ld("q_weight", {nq, E}); r.wk = ld("k_weight", {nk, E}); r.wv = ld("v_weight", {nk, E});
+    r.wo = ld("out_weight", {E, nq}); r.bq = ld("q_bias", {nq}); r.bk = ld("k_bias", {nk}); r.bv = ld("v_bias", {nk});
+    r.bo = ld("out_bias", {E});
+    const auto out = io::read_npy((d / "out.npy").string());
+    const auto outf = io::to_floats("out", out, {r.B, r.L, E});
+    r.want.assign(outf.begin(), outf.end());
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("layer: RoPE against PyTorch goldens, both pair orders (tests/data/gen_rope_golden.py); cached and varlen = dense bitwise") {
+    for (const char *name : {"half_partial_gqa", "interleaved_full"}) {
+        CAPTURE(name);
+        const RopeCase r = load_rope_case(name);
+        const int64_t E = r.c.embed_dim, B = r.B, L = r.L;
+        for (Isa isa : supported_isas())
+            for (int threads : {1, 2}) {
+                CAPTURE(std::string(isa_name(isa)));
+                Runtime rt(RuntimeOptions{threads, isa, {}, {}});
+                Layer layer(rt, r.c, r.view());
+                LayerForward p;
+                p.batch = B;
+                p.q_len = p.kv_len = L;
+                p.causal = true;
+                std::vector<float> out(static_cast<size_t>(B * L * E));
+                layer.forward(rt, p, r.x.data(), nullptr, nullptr, out.data());
+                for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - r.want[i]) <= 1e-4);
+                // The same rows through a ragged batch and through the cache (prefill of 3, then
+                // one token at a time): K is stored rotated, each new token at its position.
+                const int64_t offsets[3] = {0, L, 2 * L};
+                std::vector<float> ragged(out.size());
+                layer.forward_varlen(rt, LayerVarlenForward{B, offsets, true}, r.x.data(), ragged.data());
+                CHECK(test::same_bits(ragged, out));
+                KVCacheConfig kc;
+                kc.num_kv_heads = r.c.num_kv_heads;
+                kc.head_dim = kc.value_dim = r.c.head_dim;
+                kc.max_tokens = 1024;
+                KVCache cache(rt, kc);
+                std::vector<float> step(out.size());
+                for (int64_t b = 0; b < B; ++b) {
+                    const int64_t id = 10 + b;
+                    for (int64_t pos = 0; pos < L;) {
+                        const int64_t n = pos == 0 ? std::min<int64_t>(3, L) : 1;
+                        const int64_t qo[2] = {0, n};
+                        layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, r.x.data() + (b * L + pos) * E,
+                                             step.data() + (b * L + pos) * E);
+                        pos += n;
+                    }
+                }
+                CHECK(test::same_bits(step, out));
+            }
+    }
+}
+
+TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cached prefill + decode = the full forward, bitwise") {
+    LayerConfig c;
+    c.embed_dim = 64;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03f, 0.015f, 0.007f, 0.004f},
+                             sinks = {0.1f, -0.5f, 1.0f, 2.0f, 0.0f, -1.0f, 0.3f, 0.7f};
+    c.variant = AttentionVariant{5, 1.5f, slopes.data(), sinks.data()};
+    c.rope.dims = 8;
+    const Weights w = random_weights(c, 91);
+    const int64_t L = 40, E = c.embed_dim;
+    const auto x = random_floats(static_cast<size_t>(L * E), 92);
+    for (Isa isa : supported_isas()) {
+        Runtime rt(RuntimeOptions{2, isa, {}, {}});
+        Layer layer(rt, c, w.view());
+        LayerForward p;
+        p.batch = 1;
+        p.q_len = p.kv_len = L;
+        p.causal = true;
+        std::vector<float> full(x.size()), plain(x.size()), step(x.size());
+        layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
+        LayerConfig c0 = c;
+        c0.variant = AttentionVariant{};
+        Layer without(rt, c0, w.view());
+        without.forward(rt, p, x.data(), nullptr, nullptr, plain.data());
+        CHECK(!test::same_bits(full, plain));  // the modifiers reach the layer's attention
+        KVCacheConfig kc;
+        kc.num_kv_heads = 2;
+        kc.head_dim = kc.value_dim = 8;
+        kc.max_tokens = 256;
+        KVCache cache(rt, kc);
+        const int64_t id = 1;
+        for (int64_t pos = 0; pos < L;) {
+            const int64_t n = pos == 0 ? 17 : 1, qo[2] = {0, n};
+            layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, step.data() + pos * E);
+            pos += n;
+        }
+        CHECK(test::same_bits(step, full));
+    }
+}
+
+TEST_CASE("layer: bad rope and variant fields get a status naming the field") {
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+    const auto w = random_floats(3 * 16 * 16, 1), ow = random_floats(16 * 16, 2);
+    mha_layer_config c{};
+    c.embed_dim = 16;
+    c.num_heads = 4;
+    mha_layer_weights lw{};
+    REQUIRE(mha_layer_weights_from_in_proj(&c, w.data(), nullptr, ow.data(), nullptr, &lw) == MHA_OK);
+    auto fails = [&](mha_layer_config cc, const char *field) {
+        mha_layer *l = reinterpret_cast<mha_layer *>(0x1);
+        CHECK(mha_layer_create(rt, &cc, &lw, &l) == MHA_INVALID_ARGUMENT);
+        CHECK(l == nullptr);
+        CHECK_MESSAGE(std::string(mha_last_error()).find(field) != std::string::npos, mha_last_error());
+    };
+    for (int64_t dims : {int64_t{3}, int64_t{6}, int64_t{-2}}) {  // odd, above head_dim = 4, negative
+        mha_layer_config cc = c;
+        cc.rope.dims = dims;
+        fails(cc, "rope.dims");
+    }
+    for (float theta : {-1.0f, NAN, INFINITY}) {
+        mha_layer_config cc = c;
+        cc.rope.dims = 4;
+        cc.rope.theta = theta;
+        fails(cc, "rope.theta");
+    }
+    mha_layer_config cc = c;
+    cc.rope.dims = 2;
+    cc.rope.position_scale = -1.0f;
+    fails(cc, "rope.position_scale");
+    cc = c;
+    cc.variant.window = -5;
+    fails(cc, "variant.window");
+    cc = c;
+    cc.variant.softcap = NAN;
+    fails(cc, "variant.softcap");
+    mha_runtime_destroy(rt);
 }

@@ -251,6 +251,28 @@ TEST_CASE("mha-run --generate --json: several cache blocks, chunked prefill, the
     CHECK(outs[0] == outs[2]);
 }
 
+TEST_CASE("mha-run --window --softcap --alibi --sinks --rope-dims: cached generation = the full forward bit for bit; --kv-dtype i8 runs") {
+    TempDir tmp;
+    const fs::path d = kData / "causal";  // query [2, 6, 16], 4 heads
+    const float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    mha::io::write_npy(tmp / "s.npy", {4}, sinks);
+    const std::string base = "--weights " + q(d / "weights") + " --num-heads 4 --query " + q(d / "query.npy");
+    const auto r = run(base + " --generate 6 --check-invariance --window 4 --softcap 3 --alibi --sinks " + tmp / "s.npy" +
+                       " --rope-dims 4 --rope-theta 1000");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("bitwise identical to the full causal forward") != std::string::npos);
+    const auto i8 = run(base + " --generate 6 --kv-dtype i8 --rope-dims 4 --rope-interleaved --json");
+    INFO(i8.output);
+    REQUIRE(i8.code == 0);
+    CHECK(i8.output.find("\"kv_dtype\":\"i8\"") != std::string::npos);
+    const auto plain = run(base + " --causal --out " + tmp / "a.npy"), windowed = run(base + " --causal --window 2 --out " + tmp / "b.npy");
+    REQUIRE(plain.code == 0);
+    REQUIRE(windowed.code == 0);
+    const auto a = to_floats("a", read_npy(tmp / "a.npy"), {2, 6, 16}), b = to_floats("b", read_npy(tmp / "b.npy"), {2, 6, 16});
+    CHECK(a != b);  // the window reaches the layer
+}
+
 TEST_CASE("mha-run --generate refuses a cross-attention layer, naming the weights") {
     TempDir tmp;
     const fs::path d = kData / "cross_kdim_vdim";

@@ -145,11 +145,23 @@ struct SeqData {
     SeqData(const Shape &s, int64_t L, uint32_t seed) : SeqData(s, L, L, seed) {}
 };
 
+// The score modifiers every helper below passes (mha_attention, varlen, cached, the reference):
+// none, unless a test sets them (with VariantScope).
+mha_attention_variant g_variant{};
+struct VariantScope {
+    explicit VariantScope(const mha_attention_variant &v) { g_variant = v; }
+    ~VariantScope() { g_variant = mha_attention_variant{}; }
+};
+
 // The double reference of one sequence (batch 1): q [Lq, H, D], k [Lk, Hkv, D], v [Lk, Hkv, Dv].
 std::vector<double> reference(const Shape &s, int64_t Lq, int64_t Lk, bool causal, const float *q, const float *k,
                               const float *v, double scale = 0) {
     ref::AttentionCase c{1, Lq, Lk, s.H, s.Hkv, s.D, s.Dv, scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(s.D)),
                          causal};
+    c.window = g_variant.window;
+    c.softcap = g_variant.softcap;
+    c.alibi = g_variant.alibi_slopes;
+    c.sinks = g_variant.sink_logits;
     std::vector<double> out;
     ref::attention(c, q, k, v, out);
     return out;
@@ -209,6 +221,7 @@ std::vector<float> dense(mha_runtime *rt, const Shape &s, int64_t Lq, int64_t Lk
     p.value_dim = s.Dv;
     p.scale = scale;
     p.causal = causal;
+    p.variant = g_variant;
     std::vector<float> out(sz(Lq * s.o_row()), test::kSentinel);
     const mha_status st = mha_attention(rt, &p, q, k, v, out.data());
     REQUIRE_MESSAGE(st == MHA_OK, mha_last_error());
@@ -241,6 +254,7 @@ struct Ragged {
         p.value_dim = s.Dv;
         p.scale = scale;
         p.causal = causal;
+        p.variant = g_variant;
         return p;
     }
     // Runs it; out gets total_q rows (plus whatever tail the caller put past them).
@@ -257,14 +271,14 @@ struct Ragged {
 
 class Cache {
 public:
-    Cache(mha_runtime *rt, const Shape &s, int64_t max_tokens, int64_t block_tokens = 0) {
+    Cache(mha_runtime *rt, const Shape &s, int64_t max_tokens, int64_t block_tokens = 0, mha_dtype dtype = MHA_F32) {
         mha_kv_cache_config cfg{};
         cfg.num_kv_heads = s.Hkv;
         cfg.head_dim = s.D;
         cfg.value_dim = s.Dv;
         cfg.block_tokens = block_tokens;
         cfg.max_tokens = max_tokens;
-        cfg.dtype = MHA_F32;
+        cfg.dtype = dtype;
         const mha_status st = mha_kv_cache_create(rt, &cfg, &c_);
         REQUIRE_MESSAGE(st == MHA_OK, mha_last_error());
         REQUIRE(c_ != nullptr);
@@ -330,6 +344,7 @@ mha_status cached(mha_runtime *rt, mha_kv_cache *c, const std::vector<int64_t> &
     p.num_heads = H;
     p.scale = scale;
     p.causal = causal;
+    p.variant = g_variant;
     return mha_attention_cached(rt, c, &p, q, out);
 }
 
@@ -982,6 +997,267 @@ TEST_CASE("bit-identity: mha_attention alone = varlen beside others = cached pre
         }
 }
 
+TEST_CASE("variant: window, softcap, ALiBi, sinks through varlen and the cache (prefill, chunks, decode) = mha_attention") {
+    const Shape s{8, 2, 32, 32};
+    const int64_t L = 300, row = s.o_row();
+    std::vector<float> slopes, sinks;
+    for (int64_t h = 0; h < s.H; ++h) {
+        slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.H)));
+        sinks.push_back(0.3f * static_cast<float>(h) - 1.0f);
+    }
+    const struct {
+        const char *what;
+        mha_attention_variant v;
+    } variants[] = {{"window 40", {40, 0.0f, nullptr, nullptr}},
+                    {"window 100, softcap, ALiBi, sinks", {100, 0.7f, slopes.data(), sinks.data()}},
+                    {"softcap, ALiBi, sinks, no window", {0, 0.7f, slopes.data(), sinks.data()}}};
+    for (Isa isa : supported_isas())
+        for (const Setup &su : {default_setup(isa), tiles_setup(isa, 5, 64, 128)})
+            for (const auto &var : variants) {
+                CAPTURE(su.name);
+                CAPTURE(var.what);
+                const VariantScope scope(var.v);
+                Rt r1(1, su), r2(2, su);
+                const SeqData t(s, L, 2000);
+                const auto F = dense(r1, s, L, L, true, t.q.data(), t.k.data(), t.v.data());
+                close_to(F.data(), reference(s, L, L, true, t.q.data(), t.k.data(), t.v.data()), "causal vs reference");
+                same_rows(dense(r2, s, L, L, true, t.q.data(), t.k.data(), t.v.data()).data(), F.data(), L, row, "2 threads");
+                // Varlen beside others, one with Lq < Lk (its queries at the last positions).
+                const SeqData a(s, 37, 2001), b(s, 3, 250, 2002);
+                {
+                    Ragged rg(s);
+                    for (const SeqData *d : {&a, &t, &b}) rg.add(*d);
+                    std::vector<float> out(sz(rg.total_q() * row), test::kSentinel);
+                    rg.run(r2, true, out.data());
+                    same_rows(out.data() + rg.qo[1] * row, F.data(), L, row, "varlen, second of three");
+                    const auto Fb = dense(r1, s, 3, 250, true, b.q.data(), b.k.data(), b.v.data());
+                    same_rows(out.data() + rg.qo[2] * row, Fb.data(), 3, row, "varlen, Lq < Lk vs alone");
+                    close_to(Fb.data(), reference(s, 3, 250, true, b.q.data(), b.k.data(), b.v.data()), "Lq < Lk vs reference");
+                    rg.run(r1, false, out.data());
+                    close_to(out.data() + rg.qo[2] * row, reference(s, 3, 250, false, b.q.data(), b.k.data(), b.v.data()),
+                             "varlen not causal vs reference");
+                }
+                // The cache: prefill in one call, chunks beside nothing, decode token by token.
+                const int64_t bt = block_tokens_for(r1, s);
+                Cache c(r1, s, capacity(bt, {L, L, L}));
+                append(r1, c, s, 1, t, 0, L);
+                {
+                    std::vector<float> out(sz(L * row), test::kSentinel);
+                    REQUIRE_MESSAGE(cached(r2, c, {1}, {0, L}, s.H, true, t.q.data(), out.data()) == MHA_OK, mha_last_error());
+                    same_rows(out.data(), F.data(), L, row, "cached prefill");
+                    std::vector<float> nc(sz(5 * row), test::kSentinel);
+                    const float *q5 = t.q.data() + (L - 5) * s.q_row();
+                    REQUIRE(cached(r1, c, {1}, {0, 5}, s.H, false, q5, nc.data()) == MHA_OK);
+                    same_rows(nc.data(), dense(r2, s, 5, L, false, q5, t.k.data(), t.v.data()).data(), 5, row,
+                              "cached not causal vs mha_attention");
+                    close_to(nc.data(), reference(s, 5, L, false, q5, t.k.data(), t.v.data()), "cached not causal vs reference");
+                }
+                int64_t pos = 0, bad = 0;
+                for (int64_t n : chunks_of(L, {1, 7, 64, 100})) {
+                    append(r2, c, s, 2, t, pos, n);
+                    std::vector<float> out(sz(n * row), test::kSentinel);
+                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK);
+                    bad += !same_rows(out.data(), F.data() + pos * row, n, row, "chunk", pos);
+                    pos += n;
+                }
+                for (int64_t i = 0; i < L && bad < 3; ++i) {
+                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                    append(rt, c, s, 3, t, i, 1);
+                    std::vector<float> out(sz(row), test::kSentinel);
+                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), out.data()) == MHA_OK);
+                    bad += !same_rows(out.data(), F.data() + i * row, 1, row, "decode step", i);
+                }
+                CHECK(bad == 0);
+            }
+}
+
+// ================================================================================================
+// int8 KV cache (MHA_I8)
+// ================================================================================================
+
+TEST_CASE("int8 cache: rows round-trip within half a step, saturated rows exactly, zero rows as zeros; 0.27x the bytes") {
+    Rt rt(1, best_default());
+    const Shape s{4, 2, 24, 40};
+    Cache c(rt, s, 64, 0, MHA_I8);
+    std::vector<float> k = random_floats(sz(6 * s.k_row()), 3, -3.0f, 3.0f), v = random_floats(sz(6 * s.v_row()), 4, -3.0f, 3.0f);
+    // Token 0: saturated rows (all equal, of several magnitudes and signs); token 1: zeros; token 2:
+    // one value and zeros.
+    const float sat[] = {0.7f, -1e-3f, 3.3e7f, -123.456f};
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+        std::fill(k.begin() + h * s.D, k.begin() + (h + 1) * s.D, sat[h]);
+        std::fill(v.begin() + h * s.Dv, v.begin() + (h + 1) * s.Dv, sat[h + 2]);
+    }
+    std::fill(k.begin() + s.k_row(), k.begin() + 2 * s.k_row(), 0.0f);
+    std::fill(v.begin() + s.v_row(), v.begin() + 2 * s.v_row(), 0.0f);
+    std::fill(k.begin() + 2 * s.k_row(), k.begin() + 3 * s.k_row(), 0.0f);
+    k[sz(2 * s.k_row() + 5)] = -2.5f;
+    REQUIRE(mha_kv_cache_append(rt, c, 7, 6, k.data(), v.data()) == MHA_OK);
+    std::vector<float> kr, vr;
+    c.read(7, 0, 6, s, kr, vr);
+    for (int64_t i = 0; i < s.k_row(); ++i) CHECK(kr[sz(i)] == k[sz(i)]);  // saturated: exact
+    for (int64_t i = 0; i < s.v_row(); ++i) CHECK(vr[sz(i)] == v[sz(i)]);
+    for (int64_t i = s.k_row(); i < 3 * s.k_row(); ++i) CHECK(kr[sz(i)] == k[sz(i)]);  // zeros, and a lone value
+    auto within_half_step = [](const float *x, const float *y, int64_t n) {
+        float m = 0;
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+        for (int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(x[i] - y[i]) <= m / 127.0f * 0.5f * 1.0001f);
+    };
+    for (int64_t t = 3; t < 6; ++t)
+        for (int64_t h = 0; h < s.Hkv; ++h) {
+            within_half_step(&k[sz(t * s.k_row() + h * s.D)], &kr[sz(t * s.k_row() + h * s.D)], s.D);
+            within_half_step(&v[sz(t * s.v_row() + h * s.Dv)], &vr[sz(t * s.v_row() + h * s.Dv)], s.Dv);
+        }
+    // Bytes: H8 D128, int8 plus a scale per token and head, against fp32.
+    const Shape big{8, 8, 128, 128};
+    Cache f32(rt, big, 4096), i8(rt, big, 4096, 0, MHA_I8);
+    uint64_t bf = 0, bi = 0;
+    REQUIRE(mha_kv_cache_bytes(f32, &bf) == MHA_OK);
+    REQUIRE(mha_kv_cache_bytes(i8, &bi) == MHA_OK);
+    CHECK(static_cast<double>(bi) <= 0.27 * static_cast<double>(bf));
+    CHECK(i8.config().dtype == MHA_I8);
+    // A non-finite value: refused, nothing appended; a dtype outside the enum: refused.
+    k[5] = NAN;
+    CHECK(mha_kv_cache_append(rt, c, 7, 6, k.data(), v.data()) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("non-finite") != std::string::npos);
+    CHECK(c.seq_len(7) == 6);
+    mha_kv_cache_config bad{};
+    bad.num_kv_heads = 1; bad.head_dim = 8; bad.value_dim = 8; bad.max_tokens = 16;
+    int bad_dtype = 3;
+    std::memcpy(&bad.dtype, &bad_dtype, sizeof bad_dtype);
+    mha_kv_cache *none = nullptr;
+    CHECK(mha_kv_cache_create(rt, &bad, &none) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("dtype") != std::string::npos);
+    CHECK(none == nullptr);
+}
+
+TEST_CASE("int8 cache: attention adds no error beyond storage (double reference on the widened K and V) and keeps every bit-identity") {
+    for (Isa isa : supported_isas())
+        for (const Setup &su : {default_setup(isa), tiles_setup(isa, 5, 64, 128)})
+            for (const Shape &s : {Shape{8, 2, 32, 32}, Shape{4, 1, 13, 7}}) {
+                CAPTURE(su.name);
+                CAPTURE(s.D);
+                const int64_t L = 200, row = s.o_row();
+                Rt r1(1, su), r2(2, su);
+                const SeqData t(s, L, 3000);
+                const int64_t bt = block_tokens_for(r1, s);
+                Cache c(r1, s, capacity(bt, {L, L, L}), 0, MHA_I8);
+                append(r1, c, s, 1, t, 0, L);
+                std::vector<float> kw, vw;  // the widened values the cache holds
+                c.read(1, 0, L, s, kw, vw);
+                // mha_attention on the widened K and V: what every cached path must give, bit for bit.
+                const auto F = dense(r1, s, L, L, true, t.q.data(), kw.data(), vw.data());
+                const auto want = reference(s, L, L, true, t.q.data(), kw.data(), vw.data());
+                int bad = 0;
+                for (size_t i = 0; i < want.size(); ++i)
+                    if (!(std::fabs(F[i] - want[i]) <= 1e-5 * std::max(1.0, std::fabs(want[i]))) && bad++ < 3)
+                        FAIL_CHECK("[" << i << "] = " << F[i] << ", want " << want[i]);
+                std::vector<float> out(sz(L * row), test::kSentinel);
+                REQUIRE_MESSAGE(cached(r2, c, {1}, {0, L}, s.H, true, t.q.data(), out.data()) == MHA_OK, mha_last_error());
+                same_rows(out.data(), F.data(), L, row, "int8 cached prefill = mha_attention on the widened K, V");
+                int64_t pos = 0;
+                for (int64_t n : chunks_of(L, {1, 7, 64})) {
+                    append(r2, c, s, 2, t, pos, n);
+                    std::vector<float> o(sz(n * row), test::kSentinel);
+                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), o.data()) == MHA_OK);
+                    bad += !same_rows(o.data(), F.data() + pos * row, n, row, "int8 chunk", pos);
+                    pos += n;
+                }
+                for (int64_t i = 0; i < L && bad < 3; ++i) {
+                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                    append(rt, c, s, 3, t, i, 1);
+                    std::vector<float> o(sz(row), test::kSentinel);
+                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), o.data()) == MHA_OK);
+                    bad += !same_rows(o.data(), F.data() + i * row, 1, row, "int8 decode step", i);
+                }
+                CHECK(bad == 0);
+            }
+}
+
+TEST_CASE("kv cache window: blocks outside every future window go back, attention keeps its bits, and what they held is refused") {
+    const Shape s{8, 2, 16, 16};
+    const int64_t W = 100, L = 700;
+    for (Isa isa : supported_isas())
+        for (mha_dtype dtype : {MHA_F32, MHA_I8}) {
+            CAPTURE(std::string(isa_name(isa)));
+            CAPTURE(static_cast<int>(dtype));
+            const Setup su = tiles_setup(isa, 5, 64, 128);
+            Rt r1(1, su), r2(2, su);
+            const SeqData t(s, L, 4000);
+            mha_kv_cache_config cfg{};
+            cfg.num_kv_heads = s.Hkv; cfg.head_dim = s.D; cfg.value_dim = s.Dv;
+            cfg.max_tokens = 2048;
+            cfg.dtype = dtype;
+            cfg.window = W;
+            mha_kv_cache *c = nullptr;
+            REQUIRE_MESSAGE(mha_kv_cache_create(r1, &cfg, &c) == MHA_OK, mha_last_error());
+            mha_kv_cache_config got{};
+            REQUIRE(mha_kv_cache_get_config(c, &got) == MHA_OK);
+            CHECK(got.window == W);
+            const int64_t bt = got.block_tokens;
+            int64_t all_free = 0;
+            REQUIRE(mha_kv_cache_free_tokens(c, &all_free) == MHA_OK);
+            // The reference: the same tokens in a cache that keeps everything, attended with the window.
+            Cache full(r1, s, 2048, 0, dtype);
+            append(r1, full, s, 1, t, 0, L);
+            const VariantScope scope(mha_attention_variant{W, 0.0f, nullptr, nullptr});
+            std::vector<float> want(sz(L * s.o_row()));
+            REQUIRE(cached(r1, full, {1}, {0, L}, s.H, true, t.q.data(), want.data()) == MHA_OK);
+            int64_t pos = 0, bad = 0, most_held = 0;
+            for (int64_t n : chunks_of(L, {50, 1, 7, 64, 100, 1, 1, 200})) {
+                mha_runtime *rt = pos % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
+                append(rt, c, s, 7, t, pos, n);
+                std::vector<float> out(sz(n * s.o_row()), test::kSentinel);
+                REQUIRE_MESSAGE(cached(rt, c, {7}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK,
+                                std::string(mha_last_error()));
+                bad += !same_rows(out.data(), want.data() + pos * s.o_row(), n, s.o_row(), "window cache chunk", pos);
+                pos += n;
+                int64_t free_now = 0;
+                REQUIRE(mha_kv_cache_free_tokens(c, &free_now) == MHA_OK);
+                most_held = std::max(most_held, all_free - free_now);
+                // Held: what the last append's first token can see, plus that append, in whole blocks.
+                CHECK(all_free - free_now <= (W + n + 2 * bt) / bt * bt);
+            }
+            CHECK(bad == 0);
+            CHECK(most_held < L);
+            // A window past the cache's, or none, is refused; so are queries whose window reaches
+            // released positions, and reading them.
+            std::vector<float> out(sz(400 * s.o_row()), test::kSentinel);
+            {
+                const VariantScope wide(mha_attention_variant{W + 1, 0.0f, nullptr, nullptr});
+                CHECK(cached(r1, c, {7}, {0, 1}, s.H, true, t.q.data() + (L - 1) * s.q_row(), out.data()) == MHA_INVALID_ARGUMENT);
+                CHECK(std::string(mha_last_error()).find("variant.window") != std::string::npos);
+            }
+            {
+                const VariantScope none(mha_attention_variant{});
+                CHECK(cached(r1, c, {7}, {0, 1}, s.H, true, t.q.data() + (L - 1) * s.q_row(), out.data()) == MHA_INVALID_ARGUMENT);
+            }
+            {
+                const VariantScope again(mha_attention_variant{W, 0.0f, nullptr, nullptr});  // (scopes reset to none)
+                // The last append (276 tokens at 424) released what precedes 325 - 325 % bt: queries from 300 see 201 on.
+                CHECK(cached(r1, c, {7}, {0, 400}, s.H, true, t.q.data() + (L - 400) * s.q_row(), out.data()) ==
+                      MHA_INVALID_ARGUMENT);
+                CHECK(std::string(mha_last_error()).find("released") != std::string::npos);
+            }
+            CHECK(all_sentinel(out));
+            std::vector<float> k(sz(s.k_row())), v(sz(s.v_row()));
+            CHECK(mha_kv_cache_read(c, 7, 0, 1, k.data(), v.data()) == MHA_INVALID_ARGUMENT);
+            CHECK(mha_kv_cache_read(c, 7, L - 1, 1, k.data(), v.data()) == MHA_OK);
+            // Fork shares what is left; releasing both gives every block back.
+            REQUIRE(mha_kv_cache_fork(c, 7, 8) == MHA_OK);
+            append(r1, c, s, 8, t, 0, 1);
+            REQUIRE(mha_kv_cache_release(c, 7) == MHA_OK);
+            REQUIRE(mha_kv_cache_release(c, 8) == MHA_OK);
+            int64_t free_end = 0;
+            REQUIRE(mha_kv_cache_free_tokens(c, &free_end) == MHA_OK);
+            CHECK(free_end == all_free);
+            cfg.window = -1;
+            mha_kv_cache *none = nullptr;
+            CHECK(mha_kv_cache_create(r1, &cfg, &none) == MHA_INVALID_ARGUMENT);
+            CHECK(std::string(mha_last_error()).find("window") != std::string::npos);
+            mha_kv_cache_destroy(c);
+        }
+}
+
 TEST_CASE("bit-identity with tiles 5/7/14: a cache with blocks of attn_block_k tokens, chunks and decode = mha_attention") {
     // block_tokens 0 must resolve to something legal: with attn_block_k = 7 only 7 itself.
     for (Isa isa : supported_isas()) {
@@ -1269,6 +1545,9 @@ TEST_CASE("bad input: a status, a message naming the field, and the cache and ev
         with("head_dim 0", [](auto &p) { p.head_dim = 0; }, {INV}, {"head_dim"});
         with("value_dim < 0", [](auto &p) { p.value_dim = -4; }, {INV}, {"value_dim"});
         with("scale NaN", [](auto &p) { p.scale = NAN; }, {INV}, {"scale"});
+        with("window < 0", [](auto &p) { p.variant.window = -3; }, {INV}, {"variant.window"});
+        with("softcap NaN", [](auto &p) { p.variant.softcap = NAN; }, {INV}, {"variant.softcap"});
+        with("softcap < 0", [](auto &p) { p.variant.softcap = -2.0f; }, {INV}, {"variant.softcap"});
         with("q rows overflow", [](auto &p) { p.q_offsets = q_huge; }, {INV}, {"overflow", "q_offsets"});
         with("kv rows overflow", [](auto &p) { p.kv_offsets = k_huge; }, {INV}, {"overflow", "kv_offsets"});
         with("head sizes overflow", [](auto &p) { p.num_heads = INT64_C(1) << 31; p.head_dim = INT64_C(1) << 40; }, {INV},
@@ -1408,6 +1687,8 @@ TEST_CASE("bad input: a status, a message naming the field, and the cache and ev
         with("num_heads not a multiple of the cache's num_kv_heads", [](auto &p) { p.num_heads = 3; }, {INV}, {"num_heads"});
         with("num_heads 0", [](auto &p) { p.num_heads = 0; }, {INV}, {"num_heads"});
         with("scale NaN", [](auto &p) { p.scale = NAN; }, {INV}, {"scale"});
+        with("window < 0", [](auto &p) { p.variant.window = -1; }, {INV}, {"variant.window"});
+        with("softcap inf", [](auto &p) { p.variant.softcap = INFINITY; }, {INV}, {"variant.softcap"});
         // A runtime with other attention tiles than the cache's.
         const Setup other = tiles_setup(su.isa, 5, 64, 128);
         Rt rt_other(1, other);

@@ -56,13 +56,25 @@ const char *const kRunUsage =
     "  --activation relu|gelu    the feed-forward activation (default relu; gelu is the erf form)\n"
     "  --norm-first              pre-norm (norm_first=True); default post-norm\n"
     "  --norm-eps E              layer_norm_eps (default 1e-5)\n"
+    "  Today's decoders (any mode but --encoder-layers):\n"
+    "  --window W                sliding window: query position i sees keys j > i - W (with or without --causal)\n"
+    "  --softcap C               tanh soft-capping of the scaled scores: C tanh(s / C)\n"
+    "  --alibi                   ALiBi biases with the paper's slopes (2^(-8h/H), its rule when H is not a power of 2)\n"
+    "  --sinks s.npy             [H] float32 sink logits (gpt-oss); without it, a state_dict key 'sinks' or\n"
+    "                            'self_attn.sinks' is used when present\n"
+    "  --rope-dims N [--rope-theta T] [--rope-interleaved]\n"
+    "                            rotary embeddings on the first N (even) dims of every q and k head, base T\n"
+    "                            (default 10000); pairs (x[d], x[d + N/2]) (Hugging Face), or adjacent pairs\n"
+    "  --kv-dtype f32|bf16|i8    with --generate: the KV cache's storage (default f32; i8: int8, a scale per\n"
+    "                            token and KV head; --check-invariance then shows its rounding)\n"
     "Exit status: 0 on success, 2 on bad arguments or bad files (nothing is written), 3 when\n"
     "--check-invariance finds a row that differs, 1 otherwise.\n";
 
 const char *const kBenchUsage =
     "usage: mha-bench [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
     "       mpirun -np N mha-bench --mpi [--quick] [--threads N[,N...]] [--filter REGEX] [--json]\n"
-    "  Suites: gemm, softmax, attention, decode, layer, serving, encoder; each row beside its anchors, in one run.\n"
+    "  Suites: gemm, softmax, attention, decode, layer, serving, encoder, variants (not in --quick); each row beside its\n"
+    "  anchors, in one run.\n"
     "  --mpi        the mpi suite alone (implied under mpirun): the layer sharded over the N ranks, its time per\n"
     "               forward, the share spent communicating and the speed-up over one rank (-Dmpi builds)\n"
     "  --quick      the short run (under a minute)\n"
@@ -92,6 +104,16 @@ float parse_eps(const std::string &flag, const std::string &v) {
     const double x = std::strtod(v.c_str(), &end);
     if (v.empty() || *end || errno || !std::isfinite(x) || !(static_cast<float>(x) > 0.0f) || x > 1.0)
         throw UsageError(flag + ": '" + v + "' is not a number in (0, 1]");
+    return static_cast<float>(x);
+}
+
+// A finite float32 > 0.
+float parse_positive(const std::string &flag, const std::string &v) {
+    char *end = nullptr;
+    errno = 0;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || errno || !std::isfinite(static_cast<float>(x)) || !(static_cast<float>(x) > 0.0f))
+        throw UsageError(flag + ": '" + v + "' is not a finite number > 0");
     return static_cast<float>(x);
 }
 
@@ -136,6 +158,8 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
           {"--check-invariance", [&] { o.check_invariance = true; }},
           {"--norm-first", [&] { o.norm_first = true; }},
           {"--tp", [&] { o.tp = true; }},
+          {"--alibi", [&] { o.alibi = true; }},
+          {"--rope-interleaved", [&] { o.rope_interleaved = true; }},
           {"--help", [&] { o.help = true; }},
           {"-h", [&] { o.help = true; }}},
          {{"--weights", path(o.weights)},
@@ -162,6 +186,15 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
                o.activation = v;
                seen_activation = true;
            }},
+          {"--window", [&](const std::string &v) { o.window = parse_int("--window", v, 1, int64_t{1} << 40); }},
+          {"--softcap", [&](const std::string &v) { o.softcap = parse_positive("--softcap", v); }},
+          {"--sinks", path(o.sinks)},
+          {"--rope-dims", [&](const std::string &v) { o.rope_dims = parse_int("--rope-dims", v, 2, 1 << 20); }},
+          {"--rope-theta", [&](const std::string &v) { o.rope_theta = parse_positive("--rope-theta", v); }},
+          {"--kv-dtype", [&](const std::string &v) {
+               if (v != "f32" && v != "bf16" && v != "i8") throw UsageError("--kv-dtype: '" + v + "' is not f32, bf16 or i8");
+               o.kv_dtype = v;
+           }},
           {"--norm-eps", [&](const std::string &v) {
                o.norm_eps = parse_eps("--norm-eps", v);
                seen_eps = true;
@@ -177,6 +210,12 @@ RunOptions parse_run_args(const std::vector<std::string> &args) {
     for (const std::string *p : {&o.out, &o.attn_weights})
         if (!p->empty() && (*p == o.query || *p == o.key || *p == o.value))
             throw UsageError("output file " + *p + " is also an input");
+    if (o.rope_dims % 2 != 0) throw UsageError("--rope-dims: " + std::to_string(o.rope_dims) + " is odd");
+    if (o.rope_dims == 0 && (o.rope_theta != 0.0f || o.rope_interleaved))
+        throw UsageError("--rope-theta and --rope-interleaved need --rope-dims N");
+    if (o.kv_dtype != "f32" && !o.generate) throw UsageError("--kv-dtype needs --generate N");
+    if (o.encoder_layers && (o.window || o.softcap != 0.0f || o.alibi || !o.sinks.empty() || o.rope_dims))
+        throw UsageError("--window, --softcap, --alibi, --sinks and --rope-* apply to an attention layer, not --encoder-layers");
     if (o.encoder_layers == 0) {
         // The encoder's flags say how to run its layers: without --encoder-layers they mean nothing.
         const std::pair<bool, const char *> encoder_only[] = {

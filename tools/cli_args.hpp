@@ -41,6 +41,15 @@ struct RunOptions {
     float norm_eps = 1e-5f;       // --norm-eps E: layer_norm_eps
     // The layer's heads sharded across the ranks of MPI_COMM_WORLD (run under mpirun; -Dmpi builds).
     bool tp = false;              // --tp
+    // The attention of today's decoders (mha_attention_variant, mha_rope).
+    int64_t window = 0;           // --window W: a query sees the W latest positions up to its own
+    float softcap = 0.0f;         // --softcap C: s = C tanh(s / C)
+    bool alibi = false;           // --alibi: ALiBi's standard slopes for H heads
+    std::string sinks;            // --sinks s.npy: [H] sink logits (default: the state_dict's sinks, if any)
+    int64_t rope_dims = 0;        // --rope-dims N: rotate the first N dims of q and k heads
+    float rope_theta = 0.0f;      // --rope-theta T (default 10000)
+    bool rope_interleaved = false;  // --rope-interleaved: adjacent pairs (GPT-J) instead of rotate_half
+    std::string kv_dtype = "f32"; // --kv-dtype f32|bf16|i8: the KV cache's storage with --generate
 };
 RunOptions parse_run_args(const std::vector<std::string> &args);
 extern const char *const kRunUsage;

@@ -62,6 +62,22 @@ Inputs read_inputs(const cli::RunOptions &o, int64_t E, int64_t kdim, int64_t vd
     return in;
 }
 
+// ALiBi's slopes (Press et al. 2022): 2^(-8h/H) for h = 1..H when H is a power of two; otherwise
+// those of the largest power of two n below H, then every other slope of 2n for the rest.
+std::vector<float> alibi_slopes(int64_t H) {
+    auto pow2_slopes = [](int64_t n) {
+        std::vector<double> s;
+        for (int64_t h = 1; h <= n; ++h) s.push_back(std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n)));
+        return s;
+    };
+    int64_t n = 1;
+    while (n * 2 <= H) n *= 2;
+    std::vector<double> s = pow2_slopes(n);
+    const std::vector<double> extra = pow2_slopes(2 * n);
+    for (int64_t i = 0; static_cast<int64_t>(s.size()) < H; i += 2) s.push_back(extra[static_cast<size_t>(i)]);
+    return std::vector<float>(s.begin(), s.end());
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -77,6 +93,7 @@ int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, cons
     cc.num_kv_heads = c.num_kv_heads;
     cc.head_dim = c.head_dim;
     cc.value_dim = c.value_dim;
+    cc.dtype = o.kv_dtype == "i8" ? DType::i8 : o.kv_dtype == "bf16" ? DType::bf16 : DType::f32;
     // A block holds at most attn_block_k tokens, so this many per sequence always fits.
     const int64_t bk = std::max<int64_t>(rt.tiles().attn_block_k, 1);
     cc.max_tokens = B * ((L + bk - 1) / bk * bk);
@@ -150,7 +167,7 @@ int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, cons
 
     if (!o.out.empty()) io::write_npy(o.out, {B, L, E}, y.data());
     if (o.json) {
-        nlohmann::json j = {{"mode", "generate"}, {"batch", B}, {"prompt_len", Lq}, {"generated", N},
+        nlohmann::json j = {{"mode", "generate"}, {"kv_dtype", o.kv_dtype}, {"batch", B}, {"prompt_len", Lq}, {"generated", N},
                             {"prefill_chunk", chunk}, {"prefill_calls", prefill_calls}, {"prefill_ms", prefill_ms},
                             {"prefill_tokens_per_s", prefill_tokens_per_s}, {"decode_ms", decode_ms},
                             {"step_ms", step_ms}, {"median_step_ms", median_step}, {"tokens_per_s", tokens_per_s},
@@ -381,8 +398,29 @@ int run(const cli::RunOptions &o) {
                             std::to_string(rc.vdim));
     const Inputs in = read_inputs(o, E, rc.kdim, rc.vdim);
 
+    // Today's decoders: window, soft-cap, ALiBi, sinks (given, or the state_dict's), RoPE.
+    LayerConfig lc = c;
+    const int64_t H = o.num_heads;
+    std::vector<float> slopes, sinks;
+    if (o.alibi) slopes = alibi_slopes(H);
+    if (!o.sinks.empty()) {
+        sinks = io::to_floats(o.sinks, io::read_npy(o.sinks), {H});
+    } else {
+        const io::StateDict sd(o.weights, o.prefix);
+        for (const char *key : {"sinks", "self_attn.sinks"})
+            if (sd.has(key)) {
+                sinks = sd.floats(key, {H});
+                break;
+            }
+    }
+    lc.variant = AttentionVariant{o.window, o.softcap, slopes.empty() ? nullptr : slopes.data(),
+                                  sinks.empty() ? nullptr : sinks.data()};
+    lc.rope.dims = o.rope_dims;
+    lc.rope.theta = o.rope_theta;
+    lc.rope.interleaved = o.rope_interleaved;
+
     Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
-    const Layer layer(rt, c, lw);
+    const Layer layer(rt, lc, lw);
     if (o.generate) return run_generate(o, rt, layer, in);
     LayerForward p = forward_params(in, o.causal);
     std::vector<float> out(static_cast<size_t>(in.B * in.Lq * E));

@@ -8,6 +8,18 @@
 
 namespace mha {
 
+// Score modifiers (see mha_attention_variant in mha.h); all zero = plain attention.
+struct AttentionVariant {
+    int64_t window = 0;                   // 0 = none; else query position p sees keys j > p - window
+    float softcap = 0.0f;                 // 0 = none; else s = softcap * tanh(s / softcap)
+    const float *alibi_slopes = nullptr;  // NULL or [num_heads]: s += slope[h] * (j - p), after the cap
+    const float *sink_logits = nullptr;   // NULL or [num_heads]: an extra logit per row with no value
+    bool any() const { return window != 0 || softcap != 0.0f || alibi_slopes || sink_logits; }
+};
+
+// Throws mha::Error naming the field (prefix.window, ...) if v is not valid for num_heads heads.
+void attention_variant_validate(const AttentionVariant &v, int64_t num_heads, const char *prefix = "variant");
+
 struct AttentionParams {
     int64_t batch = 0, q_len = 0, kv_len = 0;
     int64_t num_heads = 0, num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (MHA, GQA, MQA)
@@ -22,6 +34,7 @@ struct AttentionParams {
     // for q, and so on). Larger strides read the heads out of a wider row, such as the fused QKV
     // projection's [tokens, q | k | v] output, without copies.
     int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;
+    AttentionVariant variant;  // window, softcap, ALiBi, sinks
 };
 
 // q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],

@@ -16,10 +16,19 @@
 #include <cstdint>
 #include <memory>
 
+#include "mha/attention.hpp"
 #include "mha/dtype.hpp"
 #include "mha/runtime.hpp"
 
 namespace mha {
+
+// Rotary position embeddings (see mha_rope in mha.h).
+struct Rope {
+    int64_t dims = 0;             // 0 = none; else even and <= head_dim
+    float theta = 0.0f;           // 0 = 10000
+    bool interleaved = false;     // false: (x[d], x[d + dims/2]) (rotate_half); true: (x[2d], x[2d+1])
+    float position_scale = 0.0f;  // 0 = 1
+};
 
 struct LayerConfig {
     int64_t embed_dim = 0;     // E: the width of query and out
@@ -31,6 +40,8 @@ struct LayerConfig {
     DType weight_dtype = DType::f32;  // bf16 weights: Error(unsupported) for now
     Norm norm = Norm::none;      // Add & Norm around the layer (see mha_norm in mha.h)
     float norm_eps = 0.0f;       // LayerNorm's eps; 0 means 1e-5
+    AttentionVariant variant;    // score modifiers; the slopes and sinks are copied when the layer is built
+    Rope rope;                   // rotary embeddings on q and k, right after their projection
 
     // The same configuration with every 0 replaced by what it means. Throws mha::Error naming the
     // field if the configuration is not valid.

@@ -62,6 +62,25 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
 mha_status mha_softmax(mha_runtime *rt, int64_t rows, int64_t cols,
                        const float *x, int64_t ldx, float *y, int64_t ldy);
 
+/* Score modifiers of today's decoders (all zero = plain attention). Positions are absolute and
+ * bottom-right aligned like causal: key j is at position j and query i at i + kv_len - q_len (per
+ * sequence in the varlen and cached forms; in the cache a token's position is its index in its
+ * sequence). For query position p and key position j:
+ *   s = scale * q.k;  if softcap: s = softcap * tanh(s / softcap);  if alibi: s += slope[h] * (j - p);
+ *   window: the key is visible only if j > p - window (with or without causal; combined with every mask);
+ *   sinks: one more logit sink[h] per row in the softmax's denominator, with no value row.
+ * A window costs time in proportion to the keys inside it: whole key tiles and chunks outside every
+ * row's window are skipped, and the results keep every bitwise guarantee of the call.
+ * Bad input (window < 0; softcap negative, NaN or infinite; a NaN or infinite ALiBi slope; a NaN or
+ * +inf sink) gets MHA_INVALID_ARGUMENT with a message naming the field. */
+typedef struct mha_attention_variant {
+    int64_t window;             /* 0 = none; else a query at position i sees only keys at positions j > i - window */
+    float softcap;              /* 0 = none; else s = softcap * tanh(s / softcap), applied to the scaled score */
+    const float *alibi_slopes;  /* NULL or [num_heads]: s += slope[h] * (j - i), after the cap */
+    const float *sink_logits;   /* NULL or [num_heads]: one extra logit per head in every row's softmax,
+                                   with no value row: it only adds exp(sink - max) to the denominator */
+} mha_attention_variant;
+
 typedef struct mha_attention_params {
     int64_t batch, q_len, kv_len;
     int64_t num_heads, num_kv_heads;      /* num_heads % num_kv_heads == 0 (MHA, GQA, MQA) */
@@ -72,7 +91,9 @@ typedef struct mha_attention_params {
     const uint8_t *mask;                  /* NULL or mask[b*mask_batch_stride + i*mask_row_stride + j];
                                              nonzero = may attend, 0 = masked; same for all heads */
     int64_t mask_batch_stride, mask_row_stride;   /* 0 broadcasts */
-    float *weights;                       /* NULL, or out: probabilities [batch, num_heads, q_len, kv_len] */
+    float *weights;                       /* NULL, or out: probabilities [batch, num_heads, q_len, kv_len]
+                                             (with sinks, the keys' share: a row sums to less than 1) */
+    mha_attention_variant variant;        /* window, softcap, ALiBi, sinks; all zero = none */
 } mha_attention_params;
 
 /* q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],
@@ -86,8 +107,15 @@ mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,
                          const float *q, const float *k, const float *v, float *out);
 
 /* Storage types: of the KV cache (mha_kv_cache_config) and of a layer's weights (mha_layer_config).
- * Arithmetic stays fp32. MHA_BF16 answers MHA_UNSUPPORTED until bf16 storage is built. */
-typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;
+ * Arithmetic stays fp32. MHA_BF16 answers MHA_UNSUPPORTED until bf16 storage is built.
+ * MHA_I8 (the KV cache only): each appended token's K and V rows are stored per KV head as int8
+ * with one fp32 scale, symmetric: scale = max |x| / 127 (nudged by at most a few ulp so that
+ * 127 * scale == max |x| where a float allows it: a row of equal values round-trips exactly),
+ * q = round-to-nearest(x / scale); a zero row gets scale 0 and zeros. Attention widens them to fp32
+ * as it reads (value times scale) and computes exactly as over an fp32 cache holding those values,
+ * with the same bitwise guarantees. K and V must be finite (else MHA_INVALID_ARGUMENT, nothing
+ * appended). mha_kv_cache_read returns the widened values. */
+typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1, MHA_I8 = 2 } mha_dtype;
 
 /* Add & Norm around a sub-block f (attention, or the encoder's feed-forward network), with
  * LayerNorm(x) = (x - mean) / sqrt(var + eps) * norm_weight + norm_bias over each row's E values:
@@ -97,6 +125,18 @@ typedef enum mha_dtype { MHA_F32 = 0, MHA_BF16 = 1 } mha_dtype;
  * for self-attention (they are the query). A row of equal values gives norm_bias; a NaN stays in
  * its row. */
 typedef enum mha_norm { MHA_NORM_NONE = 0, MHA_NORM_POST = 1, MHA_NORM_PRE = 2 } mha_norm;
+
+/* Rotary position embeddings (Su et al., RoFormer) on the first dims of every q and k head, right
+ * after their projection: the pair (a, b) of frequency index d < dims/2 at position p turns by the
+ * angle p * position_scale * theta^(-2d/dims). Positions as in mha_attention_variant (query i at
+ * i + kv_len - q_len, key j at j; in the cached layer a token's index in its sequence). In fp32. */
+typedef struct mha_rope {
+    int64_t dims;         /* 0 = none; else the first dims (even, <= head_dim) of every q and k head rotate */
+    float theta;          /* base, 0 = 10000; negative, NaN or infinite: MHA_INVALID_ARGUMENT */
+    int interleaved;      /* 0: pairs (x[d], x[d + dims/2]) as Hugging Face's rotate_half (GPT-NeoX, Llama, Qwen);
+                             1: adjacent pairs (x[2d], x[2d+1]) as GPT-J and Meta's reference Llama */
+    float position_scale; /* positions are multiplied by this before the angles (linear scaling), 0 = 1 */
+} mha_rope;
 
 /* ---- The multi-head attention layer ----------------------------------------------------------
  * Built once from a checkpoint's weights, then called for every request:
@@ -115,6 +155,8 @@ typedef struct mha_layer_config {
     mha_dtype weight_dtype;           /* MHA_F32 (0); MHA_BF16 answers MHA_UNSUPPORTED for now */
     int norm;                         /* an mha_norm: MHA_NORM_NONE (0), MHA_NORM_POST or MHA_NORM_PRE */
     float norm_eps;                   /* LayerNorm's eps; 0 = 1e-5 (seed 002 uses 1e-6); negative or NaN: MHA_INVALID_ARGUMENT */
+    mha_attention_variant variant;    /* the attention's score modifiers; its arrays are copied when the layer is built */
+    mha_rope rope;                    /* rotary embeddings on q and k; all zero = none */
 } mha_layer_config;
 
 typedef struct mha_layer_weights {
@@ -174,6 +216,7 @@ typedef struct mha_varlen_params {
     int64_t num_heads, num_kv_heads, head_dim, value_dim;
     float scale;                 /* 0 = 1/sqrt(head_dim) */
     int causal;                  /* bottom-right, per sequence, as in mha_attention_params */
+    mha_attention_variant variant; /* window, softcap, ALiBi, sinks (positions per sequence); all zero = none */
 } mha_varlen_params;
 
 /* q [total_q, num_heads, head_dim], k [total_kv, num_kv_heads, head_dim], v [total_kv, num_kv_heads, value_dim],
@@ -204,6 +247,14 @@ typedef struct mha_kv_cache_config {
                                     or be a multiple of attn_block_k when attn_block_k is a multiple of NR */
     int64_t max_tokens;          /* capacity over all sequences, rounded up to whole blocks; every block is allocated at creation */
     mha_dtype dtype;
+    int64_t window;              /* 0 = keep every token; W > 0: when n tokens are appended to a sequence of len
+                                    tokens, its blocks that hold only positions <= len - W (outside the window of
+                                    every query at a position >= len, the appended tokens' and later ones) go
+                                    back to the free blocks (shared blocks when their last owner lets go), and
+                                    their positions read as zeros. Attention over the cache must then use a
+                                    window of at most W, on queries whose windows keep clear of the released
+                                    positions (else MHA_INVALID_ARGUMENT); mha_kv_cache_read of a released
+                                    position too. Bitwise, nothing changes: those keys were outside every window */
 } mha_kv_cache_config;
 mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *config, mha_kv_cache **out);
 void       mha_kv_cache_destroy(mha_kv_cache *cache);                                   /* NULL is fine */
@@ -234,6 +285,7 @@ typedef struct mha_cached_params {
     int64_t num_heads;           /* a multiple of the cache's num_kv_heads */
     float scale;                 /* 0 = 1/sqrt(head_dim) */
     int causal;                  /* query i of n_s sees cached positions <= len_s - n_s + i; 0: every cached position */
+    mha_attention_variant variant; /* window, softcap, ALiBi, sinks (a token's position: its index in its sequence) */
 } mha_cached_params;
 /* q [total_q, num_heads, head_dim] -> out [total_q, num_heads, value_dim]. One call serves a whole
    continuous batch: some sequences prefilling a chunk, others decoding one token. */

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mha/attention.hpp"
 #include "mha/dtype.hpp"
 #include "mha/runtime.hpp"
 
@@ -25,6 +26,7 @@ struct VarlenParams {
     float scale = 0.0f;                   // 0 means 1/sqrt(head_dim)
     bool causal = false;                  // bottom-right per sequence
     int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;  // floats between rows; 0 = dense
+    AttentionVariant variant;             // window, softcap, ALiBi, sinks; positions per sequence
 };
 
 // q [total_q, H, Dqk], k [total_kv, Hkv, Dqk], v [total_kv, Hkv, Dv] -> out [total_q, H, Dv].
@@ -40,6 +42,7 @@ struct KVCacheConfig {
     int64_t block_tokens = 0;  // 0 = the runtime's choice; see mha_kv_cache_config in mha.h for what fits
     int64_t max_tokens = 0;    // capacity, rounded up to whole blocks
     DType dtype = DType::f32;
+    int64_t window = 0;        // 0 = keep every token; W: release blocks outside every future window (see mha.h)
 };
 
 // The paged cache (see mha.h for the thread rules). All blocks are allocated at construction.
@@ -79,6 +82,7 @@ struct CachedParams {
     float scale = 0.0f;                  // 0 means 1/sqrt(head_dim)
     bool causal = false;
     int64_t q_stride = 0, out_stride = 0;  // floats between rows of q and out; 0 = dense
+    AttentionVariant variant;              // positions: a token's index in its sequence
 };
 
 // q [total_q, H, Dqk] -> out [total_q, H, Dv].

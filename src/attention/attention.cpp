@@ -41,6 +41,21 @@ int64_t checked_product(std::initializer_list<int64_t> dims, const char *what) {
 
 } // namespace
 
+void attention_variant_validate(const AttentionVariant &v, int64_t num_heads, const char *prefix) {
+    const std::string f(prefix);
+    if (v.window < 0) invalid_argument(f + ".window = " + std::to_string(v.window) + " must be >= 0 (0 = no window)");
+    if (!std::isfinite(v.softcap) || v.softcap < 0.0f)
+        invalid_argument(f + ".softcap = " + std::to_string(v.softcap) + " must be finite and >= 0 (0 = no cap)");
+    for (int64_t h = 0; v.alibi_slopes && h < num_heads; ++h)
+        if (!std::isfinite(v.alibi_slopes[h]))
+            invalid_argument(f + ".alibi_slopes[" + std::to_string(h) + "] = " + std::to_string(v.alibi_slopes[h]) +
+                             " must be finite");
+    for (int64_t h = 0; v.sink_logits && h < num_heads; ++h)
+        if (std::isnan(v.sink_logits[h]) || v.sink_logits[h] == INFINITY)
+            invalid_argument(f + ".sink_logits[" + std::to_string(h) + "] = " + std::to_string(v.sink_logits[h]) +
+                             " must not be NaN or +inf");
+}
+
 void attention_validate(const AttentionParams &p, const float *q, const float *k, const float *v, const float *out) {
     using detail::check_size;
     check_size("batch", p.batch);
@@ -57,6 +72,7 @@ void attention_validate(const AttentionParams &p, const float *q, const float *k
         invalid_argument("num_heads = " + std::to_string(p.num_heads) + " is not a multiple of num_kv_heads = " +
                          std::to_string(p.num_kv_heads));
     if (!std::isfinite(p.scale)) invalid_argument("scale must be finite");
+    attention_variant_validate(p.variant, p.num_heads);
     // Each tensor is tokens rows of `width` floats, `stride` apart (0 = width).
     auto extent = [](const char *name, const char *stride_name, int64_t tokens, int64_t width, int64_t stride) {
         check_size(stride_name, stride);
@@ -112,6 +128,7 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
     s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
     s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
     s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
+    attention_detail::set_variant(s, p.variant);
     attention_detail::run_attention(st, ak, s, q, k, v, out);
 }
 
@@ -139,7 +156,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     std::vector<int64_t> cost;
     auto add = [&](const Item &it) {
         int64_t c = 0;
-        for (int64_t i = it.i0; i < it.i1; ++i) c += s.key_limit(it.b, i) + 1;
+        for (int64_t i = it.i0; i < it.i1; ++i) c += std::max<int64_t>(0, s.key_limit(it.b, i) - s.key_start(it.b, i)) + 1;
         items.push_back(it);
         cost.push_back(c * it.kv_heads);
     };
@@ -177,12 +194,15 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
             continue;
         }
         const int64_t end = s.key_end(it.b, it.i0, it.i1), per_state = it.rows(s) * (2 + s.value_dim);
-        const int64_t count = (end + s.kv_chunk - 1) / s.kv_chunk;
+        // Chunks before the window of every row of the item would give empty states: skipped.
+        const int64_t c_first = std::min(s.key_begin(it.b, it.i0, it.i1), end) / s.kv_chunk;
+        const int64_t count = std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - c_first);
         split.push_back(n);
         first_state.push_back(state_floats);
         chunks.push_back(count);
         for (int64_t c = 0; c < count; ++c)
-            tasks.push_back({n, c, state_floats + c * per_state, it.rows(s) * std::min(s.kv_chunk, end - c * s.kv_chunk)});
+            tasks.push_back({n, c_first + c, state_floats + c * per_state,
+                             it.rows(s) * std::min(s.kv_chunk, end - (c_first + c) * s.kv_chunk)});
         state_floats += count * per_state;
     }
     std::stable_sort(tasks.begin(), tasks.end(), [](const Task &a, const Task &b) { return a.cost > b.cost; });

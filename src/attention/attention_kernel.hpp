@@ -31,6 +31,7 @@
 #include "attention/attention_shape.hpp"
 #include "attention/direct_tiles.hpp"
 #include "gemm/sgemm_macro.hpp"
+#include "simd/widen_i8.hpp"
 #include "softmax/softmax_kernels.hpp"
 
 namespace mha::attention_detail {
@@ -86,18 +87,89 @@ struct FusedAttention {
     static constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     static constexpr int NR = NV * W;
     using Rows = softmax_detail::RowKernels<Arch>;
+    using V = xsimd::batch<float, Arch>;
+    using Tail = softmax_detail::Partial<Arch>;
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
     // Sets the scores of keys [j0, j0 + n) that row i of batch b may not see to -inf.
     static void apply_masks(const Shape &s, int64_t b, int64_t i, int64_t j0, int64_t n, float *row) {
         const int64_t lim = s.key_limit(b, i) - j0;
         for (int64_t j = lim < 0 ? 0 : lim; j < n; ++j) row[j] = kNegInf;
+        const int64_t first = std::min(s.key_start(b, i) - j0, std::min(lim, n));  // the window
+        for (int64_t j = 0; j < first; ++j) row[j] = kNegInf;
         if (s.mask) {
             const uint8_t *mrow = s.mask + b * s.mask_batch_stride + i * s.mask_row_stride + j0;
             const int64_t end = lim < n ? lim : n;
             for (int64_t j = 0; j < end; ++j)
                 if (!mrow[j]) row[j] = kNegInf;
         }
+    }
+
+    // tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|): one vexp per vector, 1 at large
+    // |x|, NaN stays NaN. Its error is a few ulp of 1, absolute, which is what a capped logit needs.
+    static V vtanh(const V &x) {
+        const V e = softmax_detail::vexp<Arch>(V(-2.0f) * xsimd::abs(x));
+        const V t = (V(1.0f) - e) / (V(1.0f) + e);
+        return xsimd::select(x < V(0.0f), -t, t);
+    }
+
+    // Soft-capping and ALiBi on the scaled scores of keys [j0, j0 + n) for a query at position p
+    // of head h: s = cap tanh(s / cap), then s += slope[h] (j - p). Scores are independent of each
+    // other, so the tile and panel a key is computed in never change its bits.
+    static void modify_scores(const Shape &s, int64_t h, int64_t p, int64_t j0, int64_t n, float *row) {
+        if (s.softcap != 0.0f) {
+            const V cap(s.softcap), inv(1.0f / s.softcap);
+            int64_t j = 0;
+            for (; j + W <= n; j += W) (cap * vtanh(V::load_unaligned(row + j) * inv)).store_unaligned(row + j);
+            if (j < n) Tail::store(row + j, n - j, cap * vtanh(Tail::load(row + j, n - j, 0.0f) * inv));
+        }
+        if (s.alibi) {
+            const float slope = s.alibi[h];
+            alignas(64) float iota[W];
+            for (int t = 0; t < W; ++t) iota[t] = static_cast<float>(t);
+            const V vs(slope), vi = V::load_aligned(iota);
+            int64_t j = 0;
+            // j0 + j - p is an integer below 2^24 in magnitude: exact in float.
+            for (; j + W <= n; j += W)
+                simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, V::load_unaligned(row + j)).store_unaligned(row + j);
+            if (j < n)
+                Tail::store(row + j, n - j,
+                            simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, Tail::load(row + j, n - j, 0.0f)));
+        }
+    }
+
+    // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
+    // widened to fp32 in the same panel layout: value times its token's scale. Lanes past n get 0.
+    static void widen_k(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t D, float *dst) {
+        const int8_t *q = c.k_panels_i8(b, h, j, D);
+        const float *sc = c.k_scales(b, h, j);
+        for (int64_t p = 0; p * NR < n; ++p) {
+            alignas(64) float lane_scale[NR];
+            for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? sc[p * NR + l] : 0.0f;
+            V f[NV];
+            for (int c = 0; c < NV; ++c) f[c] = V::load_aligned(lane_scale + c * W);
+            const int8_t *qp = q + p * NR * D;
+            float *dp = dst + p * NR * D;
+            for (int64_t d = 0; d < D; ++d)
+                for (int c = 0; c < NV; ++c)
+                    (simd::widen_i8<Arch>(qp + d * NR + c * W) * f[c]).store_unaligned(dp + d * NR + c * W);
+        }
+    }
+
+    // An int8 cache's V rows of keys [j, j + n) of KV head h (within one block), widened into
+    // NR-column panels of depth `depth` from row `row`: value (j + t, c) at
+    // dst[c / NR * depth * NR + (row + t) * NR + c % NR].
+    static void widen_v(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t Dv, int64_t depth,
+                        int64_t row, float *dst) {
+        const int8_t *q = c.v_panels_i8(b, h, j);
+        const float *sc = c.v_scales(b, h, j);
+        for (int64_t p = 0; p * NR < Dv; ++p)
+            for (int64_t t = 0; t < n; ++t) {
+                const int8_t *qr = q + p * c.v_panel + t * NR;
+                float *dr = dst + p * depth * NR + (row + t) * NR;
+                const V f(sc[t]);
+                for (int l = 0; l < NV; ++l) (simd::widen_i8<Arch>(qr + l * W) * f).store_unaligned(dr + l * W);
+            }
     }
 
     // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
@@ -111,7 +183,14 @@ struct FusedAttention {
             return s.cache_kv ? std::min(s.block_k, end - j0) : n;
         }
         const float *k(const Shape &s, const float *k, const Item &it, int64_t j0, int64_t n, const ItemScratch &w) {
-            if (s.kv_cache) return nullptr;  // panel_scores reads the cache's panels
+            if (s.kv_cache && !s.kv_cache->i8) return nullptr;  // panel_scores reads the cache's panels
+            if (s.kv_cache) {  // int8: the tile's panels widened once, block by block
+                for (int64_t j = 0, run; j < n; j += run) {
+                    run = std::min(n - j, s.kv_cache->run(j0 + j));
+                    widen_k(*s.kv_cache, it.b, it.g, j0 + j, run, s.head_dim, w.k_packed + j * s.head_dim);
+                }
+                return w.k_packed;
+            }
             const int64_t D = s.head_dim, t = j0 / s.block_k;
             float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
             if (!s.cache_kv || t >= k_ready) {
@@ -130,6 +209,10 @@ struct FusedAttention {
                 const CacheView &c = *s.kv_cache;
                 for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
                     run = std::min(depth - j, c.run(j0 + j));
+                    if (c.i8) {
+                        widen_v(c, it.b, it.g, j0 + j, run, Dv, depth, j, dst);
+                        continue;
+                    }
                     const float *src = c.v_panels(it.b, it.g, j0 + j);
                     for (int64_t p = 0; p < Dv; p += NR)
                         std::copy(src + p / NR * c.v_panel, src + p / NR * c.v_panel + run * NR, dst + p * depth + j * NR);
@@ -147,10 +230,15 @@ struct FusedAttention {
     // it: on causal diagonals that is most of the triangle.
     static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t j0,
                               int64_t n) {
-        int64_t lim = 0;
-        for (int64_t r = r0; r < r1; ++r)
-            lim = std::max(lim, s.key_limit(it.b, it.i0 + r % rows_per_head) - j0);
-        return std::min(lim, n);
+        int64_t lim = 0, first = n;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t i = it.i0 + r % rows_per_head;
+            lim = std::max(lim, s.key_limit(it.b, i) - j0);
+            first = std::min(first, s.key_start(it.b, i) - j0);
+        }
+        lim = std::min(lim, n);
+        // A tile wholly before every row's window shows the panel nothing either.
+        return first >= lim ? 0 : lim;
     }
 
     // S[0:M, 0:n] = scores of keys [j0, j0 + n) for the item's rows, masked (-inf where unseen).
@@ -189,10 +277,12 @@ struct FusedAttention {
             step = direct_step(s, j0 + j, cols - j);
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 float *sh = w.s + h * Mg * s.block_k + j;
-                if (s.kv_cache)
-                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
-                                                           s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
+                if (s.kv_cache) {
+                    const float *kp = s.kv_cache->i8 ? w.k_packed : s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D);
+                    if (s.kv_cache->i8) widen_k(*s.kv_cache, it.b, it.g + h, j0 + j, step, D, w.k_packed);
+                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D, kp, sh,
                                                            s.block_k, 1.0f, 0.0f);
+                }
                 else
                     DirectTiles<Arch>::scores(Mg, step, D, w.q_packed + h * direct_ldqt(Mg) * D, direct_ldqt(Mg),
                                               k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, sh,
@@ -214,8 +304,15 @@ struct FusedAttention {
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 // Dense V rows (columns contiguous), or the cache's NR-column panels.
                 const CacheView *c = s.kv_cache;
-                const float *vr = c ? c->v_panels(it.b, it.g + h, j0 + j) : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
-                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, c ? c->v_panel : W};
+                const float *vr = w.v_packed;
+                int64_t panel = step * NR;
+                if (c && c->i8)  // widened into panels of this step's depth
+                    widen_v(*c, it.b, it.g + h, j0 + j, step, Dv, step, 0, w.v_packed);
+                else if (c)
+                    vr = c->v_panels(it.b, it.g + h, j0 + j), panel = c->v_panel;
+                else
+                    vr = v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv, panel = W;
+                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, panel};
                 DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr, cols_of,
                                               w.t + h * Mg * Dv);
             }
@@ -232,7 +329,7 @@ struct FusedAttention {
         if (cols == 0) return 0;
         const float *qp = w.q_packed + r0 * D;
         float *sp = w.s + r0 * s.block_k;
-        if (s.kv_cache) {  // the cache's panels, block by block
+        if (s.kv_cache && !s.kv_cache->i8) {  // the cache's panels, block by block
             for (int64_t j = 0, run; j < cols; j += run) {
                 run = std::min(cols - j, s.kv_cache->run(j0 + j));
                 gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, run, D, qp, s.kv_cache->k_panels(it.b, it.g, j0 + j, D),
@@ -247,8 +344,13 @@ struct FusedAttention {
 
     static void mask_rows(const Shape &s, const Item &it, int64_t r0, int64_t r1, int64_t rows_per_head, int64_t j0,
                           int64_t n, const ItemScratch &w) {
-        for (int64_t r = r0; r < r1; ++r)
-            apply_masks(s, it.b, it.i0 + r % rows_per_head, j0, n, w.s + r * s.block_k);
+        const bool modified = s.softcap != 0.0f || s.alibi;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t i = it.i0 + r % rows_per_head;
+            float *row = w.s + r * s.block_k;
+            if (modified) modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0, n, row);
+            apply_masks(s, it.b, i, j0, n, row);
+        }
     }
 
     // Scaled Q rows of the item's heads, stacked head by head, then packed: as one block, or (direct
@@ -289,7 +391,9 @@ struct FusedAttention {
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         start(M, Dv, m, l, acc);
-        for (int64_t j0 = c0; j0 < c1; j0 += s.block_k) {
+        // Tiles before every row's window are skipped whole; tiles stay aligned to block_k.
+        const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
+        for (int64_t j0 = std::max(c0, begin); j0 < c1; j0 += s.block_k) {
             const int64_t n = std::min(s.block_k, c1 - j0);
             if (it.direct) {
                 const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
@@ -337,6 +441,11 @@ struct FusedAttention {
     // Divides the rows by their sums straight into out and, if asked, writes the weights.
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
+        // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink], the
+        // sink's column dropped). A row that sees no key stays zeros.
+        if (s.sinks)
+            for (int64_t r = 0; r < M; ++r)
+                if (w.l[r] > 0.0f) w.l[r] += std::exp(s.sinks[it.g * G + r / rows_per_head] - w.m[r]);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
             float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
@@ -362,9 +471,12 @@ struct FusedAttention {
             // The first chunk goes straight into the running state: merging a chunk into an empty
             // state copies it bit for bit (its weights are exp(-inf) = 0 and exp(0) = 1), so this
             // is what the split path computes, without a pass over the accumulator.
-            for (int64_t c0 = 0; c0 < end; c0 += s.kv_chunk) {
+            // Chunks before every row's window are skipped: their states would be empty, and
+            // merging an empty state changes nothing.
+            const int64_t first = s.key_begin(it.b, it.i0, it.i1) / s.kv_chunk * s.kv_chunk;
+            for (int64_t c0 = first; c0 < end; c0 += s.kv_chunk) {
                 const int64_t c1 = std::min(end, c0 + s.kv_chunk);
-                if (c0 == 0) {
+                if (c0 == first) {
                     chunk(s, k, v, it, c0, c1, w, kv, w.m, w.l, w.acc);
                     continue;
                 }

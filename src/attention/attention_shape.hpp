@@ -37,6 +37,24 @@ struct CacheView {
     }
     // Keys from j to the end of j's block.
     int64_t run(int64_t j) const { return block_tokens - j % block_tokens; }
+
+    // An int8 cache (MHA_I8): the same panels hold int8 values (the offsets above count bytes),
+    // and each token has one fp32 scale per KV head for K and one for V, from float `scales` of
+    // the block on: K's [kv_heads][block_tokens], then V's. The kernels widen them as they read.
+    bool i8 = false;
+    int64_t scales = 0, kv_heads = 0;
+    const int8_t *k_panels_i8(int64_t b, int64_t h, int64_t j, int64_t head_dim) const {
+        return reinterpret_cast<const int8_t *>(block(b, j)) + h * k_head + (j % block_tokens) * head_dim;
+    }
+    const int8_t *v_panels_i8(int64_t b, int64_t h, int64_t j) const {
+        return reinterpret_cast<const int8_t *>(block(b, j)) + v_start + h * v_head + (j % block_tokens) * nr;
+    }
+    const float *k_scales(int64_t b, int64_t h, int64_t j) const {
+        return block(b, j) + scales + h * block_tokens + j % block_tokens;
+    }
+    const float *v_scales(int64_t b, int64_t h, int64_t j) const {
+        return block(b, j) + scales + (kv_heads + h) * block_tokens + j % block_tokens;
+    }
 };
 
 struct Shape {
@@ -56,7 +74,22 @@ struct Shape {
     int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
     const int64_t *q_off = nullptr, *kv_off = nullptr;  // ragged: [batch + 1] row offsets
     const CacheView *kv_cache = nullptr;  // K and V from a paged cache instead of k and v
+    // Score modifiers (mha_attention_variant): a window of keys before each query's position,
+    // tanh soft-capping, ALiBi slopes and sink logits per head (NULL = none).
+    int64_t window = 0;
+    float softcap = 0.0f;
+    const float *alibi = nullptr, *sinks = nullptr;
     int64_t group() const { return heads / kv_heads; }
+    // Query i's absolute position in batch b (bottom-right: its keys are at 0 .. kvlen - 1).
+    int64_t q_pos(int64_t b, int64_t i) const { return i + kvlen(b) - qlen(b); }
+    // Keys [key_start, key_limit) may be seen by query i (before the boolean mask): the window.
+    int64_t key_start(int64_t b, int64_t i) const {
+        if (window <= 0) return 0;
+        const int64_t first = q_pos(b, i) - window + 1;
+        return first < 0 ? 0 : first;
+    }
+    // The first key any of queries [i0, i1) can see (the window starts rise with i).
+    int64_t key_begin(int64_t b, int64_t i0, int64_t i1) const { return i1 > i0 ? key_start(b, i0) : 0; }
     int64_t qlen(int64_t b) const { return q_off ? q_off[b + 1] - q_off[b] : q_len; }
     int64_t kvlen(int64_t b) const { return kv_off ? kv_off[b + 1] - kv_off[b] : kv_len; }
     int64_t q_row(int64_t b, int64_t i) const { return (q_off ? q_off[b] : b * q_len) + i; }
@@ -76,6 +109,15 @@ struct Shape {
         return end;
     }
 };
+
+// Copies the score modifiers of a call (already validated) into its shape.
+template <class Variant>
+void set_variant(Shape &s, const Variant &v) {
+    s.window = v.window;
+    s.softcap = v.softcap;
+    s.alibi = v.alibi_slopes;
+    s.sinks = v.sink_logits;
+}
 
 // One work item: query rows [i0, i1) of every head that shares KV heads [g, g + kv_heads), in
 // batch b; one query block, or (with Shape::cache_kv) a strip of them. Its rows are stacked head

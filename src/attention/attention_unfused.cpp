@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mha/attention.hpp"
+#include "mha/error.hpp"
 #include "mha/gemm.hpp"
 #include "mha/softmax.hpp"
 
@@ -17,6 +18,8 @@ void attention_unfused(Runtime &rt, const AttentionParams &p, const float *q, co
     AttentionParams checked = p;
     checked.weights = nullptr;
     attention_validate(checked, q, k, v, out);
+    if (p.variant.any())
+        throw Error(Status::unsupported, "attention_unfused: the score modifiers (variant) are only in the fused path");
     if (p.batch == 0 || p.q_len == 0) return;
     const int64_t Lq = p.q_len, Lk = p.kv_len, H = p.num_heads, Hkv = p.num_kv_heads, D = p.head_dim,
                   Dv = p.value_dim, G = H / Hkv;

@@ -380,6 +380,10 @@ TpLayer::TpLayer(Runtime &rt, MPI_Comm comm, const LayerConfig &config, const La
         lc.num_heads = s.num_heads;
         lc.num_kv_heads = s.num_kv_heads;
         lc.norm = Norm::none;
+        // The per-head modifiers (always the full layer's [num_heads]) follow the rank's heads; the
+        // rank's layer copies them when it is built.
+        if (c.variant.alibi_slopes) lc.variant.alibi_slopes = c.variant.alibi_slopes + s.head_begin;
+        if (c.variant.sink_logits) lc.variant.sink_logits = c.variant.sink_logits + s.head_begin;
         LayerWeights lw;
         std::vector<float> out_cols;
         if (from == Weights::shard) {

@@ -61,6 +61,7 @@ EncoderLayer::EncoderLayer(Runtime &rt, const EncoderConfig &config, const Encod
     detail::check_not_null("linear2_weight", w.linear2_weight);
     m.cfg = c;
     m.attention = std::make_unique<Layer>(rt, c.attention, w.attention);
+    m.cfg.attention.variant = m.attention->config().variant;  // the layer's copies, not the caller's arrays
     auto &st = rt.state();
     // A weight W [n, in] is B = W^T to the GEMM: element (p, j) = W[j * in + p].
     m.w1 = gemm::pack_b(st, E, c.ffn_dim, w.linear1_weight, 1, E);

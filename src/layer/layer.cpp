@@ -46,6 +46,50 @@ struct Projection {
     const float *bias = nullptr;
 };
 
+// Rotary embeddings (RoFormer, Su et al. 2021) on rows of q and k heads. The angles come from a
+// table built once per call for the positions the call has (every head, batch and token at one
+// position share its row), so no sin or cos is taken per element; rotation is in fp32.
+struct RopeTable {
+    int64_t half = 0;
+    std::vector<int64_t> positions;  // sorted, distinct
+    std::vector<float> cs;           // per position: half cosines, then half sines
+
+    RopeTable(const Rope &r, const std::vector<float> &inv_freq, std::vector<int64_t> pos) : half(r.dims / 2) {
+        std::sort(pos.begin(), pos.end());
+        pos.erase(std::unique(pos.begin(), pos.end()), pos.end());
+        positions = std::move(pos);
+        cs.resize(positions.size() * static_cast<size_t>(2 * half));
+        for (size_t n = 0; n < positions.size(); ++n) {
+            // As PyTorch's reference code: t (scaled) times inv_freq in fp32, then cos and sin.
+            const float t = static_cast<float>(positions[n]) * r.position_scale;
+            float *row = cs.data() + n * static_cast<size_t>(2 * half);
+            for (int64_t d = 0; d < half; ++d) {
+                const float a = t * inv_freq[static_cast<size_t>(d)];
+                row[d] = static_cast<float>(std::cos(static_cast<double>(a)));
+                row[half + d] = static_cast<float>(std::sin(static_cast<double>(a)));
+            }
+        }
+    }
+    const float *at(int64_t position) const {
+        const auto it = std::lower_bound(positions.begin(), positions.end(), position);
+        return cs.data() + static_cast<size_t>(it - positions.begin()) * static_cast<size_t>(2 * half);
+    }
+    // Rotates heads [0, heads) of D floats each in the row x, all at one position.
+    void rotate(bool interleaved, int64_t position, float *x, int64_t heads, int64_t D) const {
+        const float *c = at(position), *s = c + half;
+        for (int64_t h = 0; h < heads; ++h) {
+            float *y = x + h * D;
+            const int64_t step = interleaved ? 1 : half;  // the partner of element a is a + step
+            for (int64_t d = 0; d < half; ++d) {
+                const int64_t a = interleaved ? 2 * d : d;
+                const float x1 = y[a], x2 = y[a + step];
+                y[a] = x1 * c[d] - x2 * s[d];
+                y[a + step] = x2 * c[d] + x1 * s[d];
+            }
+        }
+    }
+};
+
 } // namespace
 
 struct Layer::Impl {
@@ -61,6 +105,21 @@ struct Layer::Impl {
     std::vector<float> qkv_bias, out_bias;
     Projection q_proj, k_proj, v_proj, out_proj;
     std::vector<float> norm_weight, norm_bias;  // empty: 1 and 0
+    std::vector<float> alibi, sinks;            // the variant's arrays, copied (cfg.variant points here)
+    std::vector<float> inv_freq;                // RoPE: theta^(-2d/dims), d < dims/2
+
+    // Rotates q (rows q_ld apart, tokens nq) and k (rows k_ld apart, tokens nk) at their positions.
+    void rope(int64_t nq_tokens, float *q, int64_t q_ld, const int64_t *q_pos, int64_t nk_tokens, float *k,
+              int64_t k_ld, const int64_t *k_pos) const {
+        if (cfg.rope.dims == 0 || (nq_tokens == 0 && nk_tokens == 0)) return;
+        std::vector<int64_t> all(q_pos, q_pos + nq_tokens);
+        all.insert(all.end(), k_pos, k_pos + nk_tokens);
+        const RopeTable table(cfg.rope, inv_freq, std::move(all));
+        for (int64_t t = 0; t < nq_tokens; ++t)
+            table.rotate(cfg.rope.interleaved, q_pos[t], q + t * q_ld, cfg.num_heads, cfg.head_dim);
+        for (int64_t t = 0; t < nk_tokens; ++t)
+            table.rotate(cfg.rope.interleaved, k_pos[t], k + t * k_ld, cfg.num_kv_heads, cfg.head_dim);
+    }
 
     const float *norm_w() const { return norm_weight.empty() ? nullptr : norm_weight.data(); }
     const float *norm_b() const { return norm_bias.empty() ? nullptr : norm_bias.data(); }
@@ -72,8 +131,10 @@ struct Layer::Impl {
     // Self-attention over `tokens` rows of x (sequences as `attend` sees them): [pre-norm], the fused
     // QKV projection into [tokens, q | k | v], attend(qkv, o) writing O [tokens, H * Dv], the output
     // projection, [Add & Norm]. Scratch is borrowed before anything is written.
+    // positions: each token's position for RoPE (NULL without it).
     template <class Attend>
-    void self_rows(detail::RuntimeState &st, int64_t tokens, const float *x, float *y, const Attend &attend) const {
+    void self_rows(detail::RuntimeState &st, int64_t tokens, const float *x, float *y, const int64_t *positions,
+                   const Attend &attend) const {
         const int64_t Hq = cfg.num_heads * cfg.value_dim, E = cfg.embed_dim;
         const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
         const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
@@ -89,6 +150,7 @@ struct Layer::Impl {
         if (tokens)
             gemm::sgemm_prepacked(st, tokens, v_off + nv, x, E, qkv, 0, qkv_bias.empty() ? nullptr : qkv_bias.data(),
                                   rows, qkv_width);
+        if (positions) rope(tokens, rows, qkv_width, positions, tokens, rows + k_off, qkv_width, positions);
         attend(static_cast<const float *>(rows), os);
         if (!tokens) return;
         if (cfg.norm == Norm::none) return gemm::sgemm_prepacked(st, tokens, E, os, Hq, out, 0, out_proj.bias, y, E);
@@ -120,6 +182,7 @@ LayerConfig LayerConfig::resolved() const {
     if (c.head_dim == 0) c.head_dim = c.embed_dim / c.num_heads;
     if (c.value_dim == 0) c.value_dim = c.embed_dim / c.num_heads;
     if (c.weight_dtype == DType::bf16) throw Error(Status::unsupported, "weight_dtype MHA_BF16 is not supported yet");
+    if (c.weight_dtype == DType::i8) throw Error(Status::unsupported, "weight_dtype MHA_I8 is for the kv cache only");
     if (c.weight_dtype != DType::f32)
         invalid_argument("weight_dtype = " + std::to_string(static_cast<int>(c.weight_dtype)) + " is not an mha_dtype");
     if (c.norm != Norm::none && c.norm != Norm::post && c.norm != Norm::pre)
@@ -128,6 +191,17 @@ LayerConfig LayerConfig::resolved() const {
     if (!std::isfinite(c.norm_eps) || c.norm_eps < 0.0f)
         invalid_argument("norm_eps = " + std::to_string(c.norm_eps) + " must be finite and >= 0 (0 = 1e-5)");
     if (c.norm_eps == 0.0f) c.norm_eps = 1e-5f;
+    attention_variant_validate(c.variant, c.num_heads, "variant");
+    if (c.rope.dims < 0 || c.rope.dims % 2 != 0 || c.rope.dims > c.head_dim)
+        invalid_argument("rope.dims = " + std::to_string(c.rope.dims) + " must be even and in [0, head_dim = " +
+                         std::to_string(c.head_dim) + "]");
+    if (!std::isfinite(c.rope.theta) || c.rope.theta < 0.0f)
+        invalid_argument("rope.theta = " + std::to_string(c.rope.theta) + " must be finite and > 0 (0 = 10000)");
+    if (!std::isfinite(c.rope.position_scale) || c.rope.position_scale < 0.0f)
+        invalid_argument("rope.position_scale = " + std::to_string(c.rope.position_scale) +
+                         " must be finite and > 0 (0 = 1)");
+    if (c.rope.theta == 0.0f) c.rope.theta = 10000.0f;
+    if (c.rope.position_scale == 0.0f) c.rope.position_scale = 1.0f;
     if (c.kdim == 0) c.kdim = c.embed_dim;
     if (c.vdim == 0) c.vdim = c.embed_dim;
     product({c.num_heads, c.head_dim, c.embed_dim}, "q_weight");
@@ -213,6 +287,16 @@ Layer::Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &w) : im
     m.out_proj = {&m.out, 0, E, w.out_bias ? m.out_bias.data() : nullptr};
     if (w.norm_weight) m.norm_weight.assign(w.norm_weight, w.norm_weight + E);
     if (w.norm_bias) m.norm_bias.assign(w.norm_bias, w.norm_bias + E);
+    if (c.variant.alibi_slopes) {
+        m.alibi.assign(c.variant.alibi_slopes, c.variant.alibi_slopes + c.num_heads);
+        m.cfg.variant.alibi_slopes = m.alibi.data();
+    }
+    if (c.variant.sink_logits) {
+        m.sinks.assign(c.variant.sink_logits, c.variant.sink_logits + c.num_heads);
+        m.cfg.variant.sink_logits = m.sinks.data();
+    }
+    for (int64_t d = 0; d < c.rope.dims / 2; ++d)  // as PyTorch: 1 / theta^(2d / dims) in fp32
+        m.inv_freq.push_back(1.0f / std::pow(c.rope.theta, static_cast<float>(2 * d) / static_cast<float>(c.rope.dims)));
 }
 
 Layer::~Layer() = default;
@@ -281,6 +365,7 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     ap.mask_batch_stride = p.mask_batch_stride;
     ap.mask_row_stride = p.mask_row_stride;
     ap.weights = p.weights;
+    ap.variant = c.variant;
     ap.q_stride = q_ld;
     ap.k_stride = ap.v_stride = kv_ld;
     ap.out_stride = Hq;
@@ -321,6 +406,12 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
             project(m.k_proj, kv_tokens, key, c.kdim, ks, kv_ld);
             project(m.v_proj, kv_tokens, value, c.vdim, vs, kv_ld);
         }
+    }
+    if (c.rope.dims) {  // query i at i + kv_len - q_len, key j at j, in every batch
+        std::vector<int64_t> qp(static_cast<size_t>(q_tokens)), kp(static_cast<size_t>(kv_tokens));
+        for (int64_t t = 0; t < q_tokens; ++t) qp[static_cast<size_t>(t)] = t % p.q_len + kv_len - p.q_len;
+        for (int64_t t = 0; t < kv_tokens; ++t) kp[static_cast<size_t>(t)] = t % kv_len;
+        m.rope(q_tokens, qs, q_ld, qp.data(), kv_tokens, ks, kv_ld, kp.data());
     }
     attention(rt, ap, qs, ks, vs, os);
     if (c.norm == Norm::none) return project(m.out_proj, q_tokens, os, Hq, out, c.embed_dim);
@@ -363,6 +454,16 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
     const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
     // Whatever fails after the append (the memory for the attention or the output projection)
     // takes it back, so a failed call leaves the cache as it found it.
+    // RoPE: a new token's position is its index in its sequence (the cached length before it).
+    std::vector<int64_t> positions;
+    if (c.rope.dims) {
+        positions.resize(static_cast<size_t>(tokens));
+        for (int64_t s = 0; s < p.num_seqs; ++s) {
+            const int64_t base = cache.contains(p.seq_ids[s]) ? cache.seq_len(p.seq_ids[s]) : 0;
+            for (int64_t t = p.q_offsets[s]; t < p.q_offsets[s + 1]; ++t)
+                positions[static_cast<size_t>(t)] = base + t - p.q_offsets[s];
+        }
+    }
     auto append_and_attend = [&](const float *qkv, float *os) {
         // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
         std::vector<KVCache::Impl::Append> appends;
@@ -379,12 +480,13 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         ap.q_offsets = p.q_offsets;
         ap.num_heads = c.num_heads;
         ap.causal = p.causal;
+        ap.variant = c.variant;
         ap.q_stride = m.qkv_width;
         ap.out_stride = Hq;
         attention_cached(rt, cache, ap, qkv, os);
     };
     try {
-        m.self_rows(st, tokens, x, out, append_and_attend);
+        m.self_rows(st, tokens, x, out, c.rope.dims ? positions.data() : nullptr, append_and_attend);
     } catch (...) {
         kc.undo(appended);
         appended = KVCache::Impl::AppendUndo{};  // taken back: nothing left for the caller to undo
@@ -406,6 +508,7 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
     ap.head_dim = c.head_dim;
     ap.value_dim = c.value_dim;
     ap.causal = p.causal;
+    ap.variant = c.variant;
     ap.q_stride = ap.k_stride = ap.v_stride = m.qkv_width;
     ap.out_stride = product({c.num_heads, c.value_dim}, "out");
     // The offsets and sizes, before anything is written (the tensors are checked below).
@@ -416,7 +519,13 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
         detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
     }
-    m.self_rows(st, tokens, x, out, [&](const float *qkv, float *os) {
+    std::vector<int64_t> positions;  // RoPE: a token's index in its sequence
+    if (c.rope.dims) {
+        positions.resize(static_cast<size_t>(tokens));
+        for (int64_t s = 0; s < p.num_seqs; ++s)
+            for (int64_t t = p.offsets[s]; t < p.offsets[s + 1]; ++t) positions[static_cast<size_t>(t)] = t - p.offsets[s];
+    }
+    m.self_rows(st, tokens, x, out, c.rope.dims ? positions.data() : nullptr, [&](const float *qkv, float *os) {
         if (tokens) attention_varlen(rt, ap, qkv, qkv + m.k_off, qkv + m.v_off, os);
     });
 }

@@ -115,6 +115,10 @@ mha::DType dtype_of(const mha_dtype *field) {
     return static_cast<mha::DType>(v);
 }
 
+mha::AttentionVariant variant_of(const mha_attention_variant &v) {
+    return mha::AttentionVariant{v.window, v.softcap, v.alibi_slopes, v.sink_logits};
+}
+
 mha::LayerConfig layer_config(const mha_layer_config *c) {
     if (!c) mha::invalid_argument("config is NULL");
     mha::LayerConfig l;
@@ -128,6 +132,8 @@ mha::LayerConfig layer_config(const mha_layer_config *c) {
     l.weight_dtype = dtype_of(&c->weight_dtype);
     l.norm = static_cast<mha::Norm>(c->norm);
     l.norm_eps = c->norm_eps;
+    l.variant = variant_of(c->variant);
+    l.rope = mha::Rope{c->rope.dims, c->rope.theta, c->rope.interleaved != 0, c->rope.position_scale};
     return l;
 }
 
@@ -233,6 +239,7 @@ mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p, const f
         a.mask_batch_stride = p->mask_batch_stride;
         a.mask_row_stride = p->mask_row_stride;
         a.weights = p->weights;
+        a.variant = variant_of(p->variant);
         mha::attention(r, a, q, k, v, out);
     });
 }
@@ -339,6 +346,7 @@ mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p, con
         a.value_dim = p->value_dim;
         a.scale = p->scale;
         a.causal = p->causal != 0;
+        a.variant = variant_of(p->variant);
         mha::attention_varlen(r, a, q, k, v, out);
     });
 }
@@ -356,6 +364,7 @@ mha_status mha_kv_cache_create(mha_runtime *rt, const mha_kv_cache_config *confi
         c.block_tokens = config->block_tokens;
         c.max_tokens = config->max_tokens;
         c.dtype = dtype_of(&config->dtype);
+        c.window = config->window;
         *out = new mha_kv_cache(r, c);
     });
 }
@@ -394,7 +403,7 @@ mha_status mha_kv_cache_get_config(const mha_kv_cache *cache, mha_kv_cache_confi
     return cache_query(cache, config, "config", [](const mha::KVCache &c) {
         const mha::KVCacheConfig &r = c.config();
         return mha_kv_cache_config{r.num_kv_heads, r.head_dim,   r.value_dim,
-                                   r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype)};
+                                   r.block_tokens, r.max_tokens, static_cast<mha_dtype>(r.dtype), r.window};
     });
 }
 
@@ -416,6 +425,7 @@ mha_status mha_attention_cached(mha_runtime *rt, const mha_kv_cache *cache, cons
         a.num_heads = p->num_heads;
         a.scale = p->scale;
         a.causal = p->causal != 0;
+        a.variant = variant_of(p->variant);
         mha::attention_cached(r, c, a, q, out);
     });
 }

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,6 +36,35 @@ int64_t default_block_tokens(int64_t block_k, int64_t nr) {
     return block_k;
 }
 
+// Symmetric int8 of n values x into at(0) .. at(n - 1), returning the one scale (see MHA_I8 in mha.h).
+template <class At>
+float quantize_i8(const float *x, int64_t n, const At &at) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    if (m == 0.0f) {
+        for (int64_t i = 0; i < n; ++i) at(i) = 0;
+        return 0.0f;
+    }
+    float scale = m / 127.0f;
+    // Nudge the scale (a few ulp at most) so that 127 * scale gives max |x| back where a float can.
+    for (float c : {scale, std::nextafter(scale, 0.0f), std::nextafter(scale, INFINITY)})
+        if (127.0f * c == m) {
+            scale = c;
+            break;
+        }
+    for (int64_t i = 0; i < n; ++i) {
+        const float r = std::nearbyint(x[i] / scale);
+        at(i) = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+    return scale;
+}
+
+bool all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(x[i])) return false;
+    return true;
+}
+
 } // namespace
 
 KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_unique<Impl>()) {
@@ -48,7 +79,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     positive("value_dim", cfg.value_dim);
     positive("max_tokens", cfg.max_tokens);
     if (cfg.dtype == DType::bf16) throw Error(Status::unsupported, "kv cache config: dtype MHA_BF16 is not supported yet");
-    if (cfg.dtype != DType::f32)
+    if (cfg.dtype != DType::f32 && cfg.dtype != DType::i8)
         invalid_argument("kv cache config: dtype = " + str(static_cast<int64_t>(cfg.dtype)) + " is not a known mha_dtype");
     for (int64_t v : {cfg.num_kv_heads, cfg.head_dim, cfg.value_dim})
         if (v > (int64_t{1} << 20)) invalid_argument("kv cache config: num_kv_heads, head_dim and value_dim must be at most 2^20");
@@ -56,6 +87,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.nr = st.sgemm->nr;
     c.block_k = st.tiles.attn_block_k;
     c.kv_chunk = st.tiles.attn_kv_chunk;
+    if (cfg.window < 0) invalid_argument("kv cache config: window = " + str(cfg.window) + " is negative (0 = keep every token)");
     if (cfg.block_tokens < 0) invalid_argument("kv cache config: block_tokens = " + str(cfg.block_tokens) + " is negative");
     if (cfg.block_tokens == 0) cfg.block_tokens = default_block_tokens(c.block_k, c.nr);
     if (!block_fits(cfg.block_tokens, c.block_k, c.nr))
@@ -67,10 +99,17 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     c.v_start = H * c.k_head;
     c.v_panel = bt * c.nr;
     c.v_head = (cfg.value_dim + c.nr - 1) / c.nr * c.v_panel;
-    c.block_floats = round_up(c.v_start + H * c.v_head, 16);
+    c.i8 = cfg.dtype == DType::i8;
+    if (c.i8) {  // int8 panels (bytes), then the fp32 scales
+        c.scales = round_up(c.v_start + H * c.v_head, 64) / 4;
+        c.block_floats = round_up(c.scales + 2 * H * bt, 16);
+    } else {
+        c.block_floats = round_up(c.v_start + H * c.v_head, 16);
+    }
     c.num_blocks = cfg.max_tokens / bt + (cfg.max_tokens % bt != 0);  // (max_tokens + bt - 1 may overflow)
     int64_t floats;
-    if (c.num_blocks > INT32_MAX || __builtin_mul_overflow(c.num_blocks, c.block_floats, &floats) ||
+    const int64_t pool_blocks = c.num_blocks + (cfg.window > 0);  // and the zero block
+    if (c.num_blocks >= INT32_MAX || __builtin_mul_overflow(pool_blocks, c.block_floats, &floats) ||
         floats > INT64_MAX / 8)
         invalid_argument("kv cache config: max_tokens = " + str(cfg.max_tokens) + " overflows the cache's size");
     c.cfg = cfg;
@@ -83,6 +122,7 @@ KVCache::KVCache(Runtime &rt, const KVCacheConfig &config) : impl_(std::make_uni
     if (align == kHuge) madvise(c.pool.get(), bytes, MADV_HUGEPAGE);  // a hint: without huge pages the cache works the same
     std::memset(c.pool.get(), 0, bytes);
     c.refs.assign(static_cast<size_t>(c.num_blocks), 0);
+    if (cfg.window > 0) c.zero_block = static_cast<int32_t>(c.num_blocks);
     c.free_blocks.resize(static_cast<size_t>(c.num_blocks));
     for (int64_t i = 0; i < c.num_blocks; ++i) c.free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(c.num_blocks - 1 - i);
 }
@@ -91,7 +131,9 @@ KVCache::~KVCache() = default;
 
 const KVCacheConfig &KVCache::config() const { return impl_->cfg; }
 
-size_t KVCache::bytes() const { return static_cast<size_t>(impl_->num_blocks * impl_->block_floats) * sizeof(float); }
+size_t KVCache::bytes() const {
+    return static_cast<size_t>((impl_->num_blocks + (impl_->zero_block >= 0)) * impl_->block_floats) * sizeof(float);
+}
 
 void KVCache::Impl::check_runtime(const detail::RuntimeState &st) const {
     if (st.tiles.gemm_ukernel != ukernel || st.tiles.attn_block_k != block_k || st.tiles.attn_kv_chunk != kv_chunk)
@@ -109,6 +151,12 @@ const KVCache::Impl::Seq &KVCache::Impl::find(int64_t seq_id, const char *what) 
 
 KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appends) {
     const int64_t bt = cfg.block_tokens, D = cfg.head_dim, Dv = cfg.value_dim, H = cfg.num_kv_heads;
+    if (i8)  // int8 holds finite values only: checked before anything changes
+        for (const Append &a : appends)
+            for (int64_t t = 0; t < a.n; ++t)
+                if (!all_finite(a.k + t * a.ldk, H * D) || !all_finite(a.v + t * a.ldv, H * Dv))
+                    invalid_argument("kv cache: k or v of sequence " + str(a.seq) + " has a non-finite value at token " +
+                                     str(t) + "; an MHA_I8 cache stores finite values only; nothing was appended");
     std::unique_lock lock(mutex);
     // Count every block first: appending to some sequences and not others is never an outcome.
     int64_t need = 0;
@@ -170,6 +218,18 @@ KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appe
             const int64_t pos = s.len + t, o = pos % bt;
             if (o == 0) blocks.push_back(take());  // within the capacity reserved above
             float *blk = block(blocks.back());
+            if (i8) {
+                int8_t *blk8 = reinterpret_cast<int8_t *>(blk);
+                for (int64_t h = 0; h < H; ++h) {
+                    // K: lane o % NR of panel o / NR; V: row o of each NR-column panel. One scale each.
+                    int8_t *kd = blk8 + h * k_head + o / nr * nr * D + o % nr, *vd = blk8 + v_start + h * v_head + o * nr;
+                    blk[scales + h * bt + o] =
+                        quantize_i8(a.k + t * a.ldk + h * D, D, [&](int64_t d) -> int8_t & { return kd[d * nr]; });
+                    blk[scales + (H + h) * bt + o] = quantize_i8(
+                        a.v + t * a.ldv + h * Dv, Dv, [&](int64_t c) -> int8_t & { return vd[c / nr * v_panel + c % nr]; });
+                }
+                continue;
+            }
             for (int64_t h = 0; h < H; ++h) {
                 // K: token o is lane o % NR of panel o / NR, one value per depth step.
                 float *kd = blk + h * k_head + o / nr * nr * D + o % nr;
@@ -183,24 +243,35 @@ KVCache::Impl::AppendUndo KVCache::Impl::append_all(std::span<const Append> appe
             }
         }
         s.blocks.swap(blocks);
+        // The window: blocks that hold only positions before the first one the new tokens' windows
+        // reach go back (for good: undo() keeps them released).
+        const int64_t keep_from = cfg.window > 0 ? s.len - cfg.window + 1 : 0;
+        for (int64_t b = s.released / bt; cfg.window > 0 && (b + 1) * bt <= keep_from; ++b) {
+            unref(s.blocks[static_cast<size_t>(b)]);
+            s.blocks[static_cast<size_t>(b)] = zero_block;
+            s.released = (b + 1) * bt;
+        }
         s.len += a.n;
     }
+    if (cfg.window > 0) std::sort(free_blocks.begin(), free_blocks.end(), std::greater<>());  // as release keeps them
     return u;
 }
 
 void KVCache::Impl::undo(AppendUndo &u) noexcept {
     std::unique_lock lock(mutex);
-    auto drop = [&](int32_t b) {
-        if (--refs[static_cast<size_t>(b)] == 0) free_blocks.push_back(b);  // never past num_blocks: no reallocation
-    };
+    auto drop = [&](int32_t b) { unref(b); };
     for (size_t i = 0; i < u.ids.size(); ++i) {
         const auto it = seqs.find(u.ids[i]);
         if (it == seqs.end() || it->second.len == u.old_lens[i]) continue;  // nothing appended to it
         std::vector<int32_t> &now = it->second.blocks, &old = u.old_blocks[i];
         for (size_t j = 0; j < now.size(); ++j) {
             if (j < old.size() && now[j] == old[j]) continue;
+            if (now[j] == zero_block) {  // released by that append: it stays released
+                if (j < old.size()) old[j] = zero_block;
+                continue;
+            }
             drop(now[j]);                                      // a new block, or the private copy of a shared one
-            if (j < old.size()) ++refs[static_cast<size_t>(old[j])];  // which it shares again
+            if (j < old.size()) ref(old[j]);  // which it shares again
         }
         now.swap(old);
         it->second.len = u.old_lens[i];
@@ -231,15 +302,14 @@ void KVCache::fork(int64_t src_seq, int64_t dst_seq) {
     if (c.seqs.count(dst_seq)) invalid_argument("dst_seq = " + str(dst_seq) + " is already a sequence of the kv cache");
     Impl::Seq copy = src;  // may throw, and then nothing has changed
     const auto &dst = c.seqs.emplace(dst_seq, std::move(copy)).first->second;
-    for (int32_t b : dst.blocks) ++c.refs[static_cast<size_t>(b)];
+    for (int32_t b : dst.blocks) c.ref(b);
 }
 
 void KVCache::release(int64_t seq_id) {
     Impl &c = *impl_;
     std::unique_lock lock(c.mutex);
     const Impl::Seq &s = c.find(seq_id, "seq_id");
-    for (int32_t b : s.blocks)
-        if (--c.refs[static_cast<size_t>(b)] == 0) c.free_blocks.push_back(b);
+    for (int32_t b : s.blocks) c.unref(b);
     // Keep the lowest ids on top, so allocation stays in address order however blocks come back.
     std::sort(c.free_blocks.begin(), c.free_blocks.end(), std::greater<>());
     c.seqs.erase(seq_id);
@@ -269,9 +339,29 @@ void KVCache::read(int64_t seq_id, int64_t start, int64_t n, float *k, float *v)
     if (n < 0 || n > s.len - start)
         invalid_argument("n_tokens = " + str(n) + " is outside [0, " + str(s.len - start) + "]: sequence " + str(seq_id) +
                          " holds " + str(s.len) + " tokens and start = " + str(start));
+    if (n > 0 && start < s.released)
+        invalid_argument("start = " + str(start) + ": positions [0, " + str(s.released) + ") of sequence " + str(seq_id) +
+                         " were released (they are outside the cache's window = " + str(c.cfg.window) + ")");
     for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t, o = pos % bt;
         const float *blk = c.block(s.blocks[static_cast<size_t>(pos / bt)]);
+        if (c.i8) {  // widened: value times its token's scale
+            const int8_t *blk8 = reinterpret_cast<const int8_t *>(blk);
+            for (int64_t h = 0; h < H; ++h) {
+                if (k) {
+                    const float f = blk[c.scales + h * bt + o];
+                    const int8_t *ks = blk8 + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
+                    for (int64_t d = 0; d < D; ++d) k[(t * H + h) * D + d] = static_cast<float>(ks[d * c.nr]) * f;
+                }
+                if (v) {
+                    const float f = blk[c.scales + (H + h) * bt + o];
+                    for (int64_t d = 0; d < Dv; ++d)
+                        v[(t * H + h) * Dv + d] =
+                            static_cast<float>(blk8[c.v_start + h * c.v_head + d / c.nr * c.v_panel + o * c.nr + d % c.nr]) * f;
+                }
+            }
+            continue;
+        }
         for (int64_t h = 0; h < H; ++h) {
             if (k) {
                 const float *ks = blk + h * c.k_head + o / c.nr * c.nr * D + o % c.nr;
@@ -292,11 +382,15 @@ KVCache::Impl::Snapshot KVCache::Impl::snapshot(std::span<const int64_t> seq_ids
     for (size_t i = 0; i < seq_ids.size(); ++i) {
         const Seq &q = find(seq_ids[i], ("seq_ids[" + std::to_string(i) + "]").c_str());
         s.lens.push_back(q.len);
+        s.released.push_back(q.released);
         s.blocks.insert(s.blocks.end(), q.blocks.begin(), q.blocks.end());
         s.table_off.push_back(static_cast<int64_t>(s.blocks.size()));
     }
     s.view = attention_detail::CacheView{pool.get(), block_floats, cfg.block_tokens, nr, k_head, v_start, v_head, v_panel,
                                          s.table_off.data(), s.blocks.data()};
+    s.view.i8 = i8;
+    s.view.scales = scales;
+    s.view.kv_heads = cfg.num_kv_heads;
     return s;
 }
 

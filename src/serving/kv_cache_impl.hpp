@@ -32,6 +32,10 @@ struct KVCache::Impl {
     std::string ukernel;                  // the runtime's microkernel and attention tiles at creation
     int64_t nr = 0, block_k = 0, kv_chunk = 0;
     int64_t block_floats = 0, k_head = 0, v_start = 0, v_head = 0, v_panel = 0, num_blocks = 0;
+    // int8 (cfg.dtype == i8): the panel offsets above count int8 values (bytes), and the scales
+    // start at float `scales` of each block: K's [num_kv_heads][block_tokens], then V's.
+    bool i8 = false;
+    int64_t scales = 0;
     detail::AlignedPtr<float> pool;
 
     mutable std::shared_mutex mutex;  // guards everything below (block contents: see mha.h)
@@ -39,8 +43,18 @@ struct KVCache::Impl {
     std::vector<int32_t> free_blocks; // a stack; the lowest ids come out first
     struct Seq {
         int64_t len = 0;
-        std::vector<int32_t> blocks;
+        int64_t released = 0;  // cfg.window: positions [0, released) went back to the free blocks
+        std::vector<int32_t> blocks;  // a released block reads as zero_block
     };
+    // cfg.window > 0: one block of zeros past the others (never handed out, not reference-counted)
+    // that released positions point to, so a table stays indexed by position.
+    int32_t zero_block = -1;
+    void unref(int32_t b) {  // free_blocks never grows past num_blocks: no reallocation
+        if (b != zero_block && --refs[static_cast<size_t>(b)] == 0) free_blocks.push_back(b);
+    }
+    void ref(int32_t b) {
+        if (b != zero_block) ++refs[static_cast<size_t>(b)];
+    }
     std::unordered_map<int64_t, Seq> seqs;
 
     // One sequence's new tokens: k rows of Hkv * head_dim floats ldk apart, v rows ldv apart.
@@ -67,7 +81,7 @@ struct KVCache::Impl {
 
     // The block tables and lengths of some sequences, copied under the lock for one attention call.
     struct Snapshot {
-        std::vector<int64_t> lens, table_off;
+        std::vector<int64_t> lens, released, table_off;
         std::vector<int32_t> blocks;
         attention_detail::CacheView view;
     };

@@ -85,6 +85,7 @@ void attention_varlen_validate(const VarlenParams &p, const float *q, const floa
     check_tensor("v", v, total_kv, wv, row_stride("v_stride", p.v_stride, wv));
     check_tensor("out", out, total_q, wo, row_stride("out_stride", p.out_stride, wo));
     resolved_scale(p.scale, p.head_dim);
+    attention_variant_validate(p.variant, p.num_heads);
 }
 
 void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v, float *out) {
@@ -100,6 +101,7 @@ void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const 
     s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
     s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
     s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
+    attention_detail::set_variant(s, p.variant);
     attention_detail::run_attention(st, ak, s, q, k, v, out);
 }
 
@@ -123,6 +125,11 @@ void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, 
     check_tensor("q", q, total_q, wq, ldq);
     check_tensor("out", out, total_q, wo, ldo);
     const float scale = resolved_scale(p.scale, cfg.head_dim);
+    attention_variant_validate(p.variant, p.num_heads);
+    if (cfg.window > 0 && (p.variant.window == 0 || p.variant.window > cfg.window))
+        invalid_argument("variant.window = " + str(p.variant.window) + ": the kv cache releases what a window of " +
+                         str(cfg.window) + " does not reach, so attention over it needs a window in [1, " +
+                         str(cfg.window) + "]");
     std::unordered_set<int64_t> seen;
     for (int64_t s = 0; s < p.num_seqs; ++s)
         if (!seen.insert(p.seq_ids[s]).second)
@@ -136,6 +143,13 @@ void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, 
             invalid_argument("sequence seq_ids[" + str(s) + "] = " + str(p.seq_ids[s]) + " has " + str(n) +
                              " query rows (q_offsets) but only " + str(len) + " cached tokens");
         kv_off[static_cast<size_t>(s) + 1] = kv_off[static_cast<size_t>(s)] + len;
+        // A cache with a window released what its windows no longer reach: the queries' windows
+        // must keep clear of it.
+        const int64_t released = snap.released[static_cast<size_t>(s)];
+        if (cfg.window > 0 && n > 0 && std::max<int64_t>(0, len - n - p.variant.window + 1) < released)
+            invalid_argument("sequence seq_ids[" + str(s) + "] = " + str(p.seq_ids[s]) + ": its query at position " +
+                             str(len - n) + " with variant.window = " + str(p.variant.window) +
+                             " would see positions the cache released (before " + str(released) + ")");
     }
     if (total_q == 0) return;
     const auto &ak = attention_detail::find_attention_kernel(st.tiles.gemm_ukernel);
@@ -144,6 +158,7 @@ void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, 
     s.ldq = ldq;
     s.ldo = ldo;
     s.kv_cache = &snap.view;
+    attention_detail::set_variant(s, p.variant);
     attention_detail::run_attention(st, ak, s, q, nullptr, nullptr, out);
 }
 
