@@ -201,6 +201,28 @@ int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, cons
     return differing == 0 ? 0 : 3;
 }
 
+// --out and --attn-weights (per head, or averaged over the heads as PyTorch's
+// average_attn_weights=True).
+void write_outputs(const cli::RunOptions &o, const Inputs &in, int64_t E, const std::vector<float> &out,
+                   const std::vector<float> &weights) {
+    if (!o.out.empty()) io::write_npy(o.out, {in.B, in.Lq, E}, out.data());
+    if (!o.attn_weights.empty()) {
+        if (o.average_attn_weights) {
+            const int64_t H = o.num_heads, per = in.Lq * in.Lk;
+            std::vector<float> avg(static_cast<size_t>(in.B * per));
+            for (int64_t b = 0; b < in.B; ++b)
+                for (int64_t x = 0; x < per; ++x) {
+                    double s = 0;
+                    for (int64_t h = 0; h < H; ++h) s += weights[static_cast<size_t>((b * H + h) * per + x)];
+                    avg[static_cast<size_t>(b * per + x)] = static_cast<float>(s / static_cast<double>(H));
+                }
+            io::write_npy(o.attn_weights, {in.B, in.Lq, in.Lk}, avg.data());
+        } else {
+            io::write_npy(o.attn_weights, {in.B, o.num_heads, in.Lq, in.Lk}, weights.data());
+        }
+    }
+}
+
 // The forward parameters of a self- or cross-attention call on these inputs, with their masks.
 LayerForward forward_params(const Inputs &in, bool causal) {
     LayerForward p;
@@ -339,22 +361,7 @@ int run_tp(const cli::RunOptions &o) {
     MPI_Allreduce(MPI_IN_PLACE, &comm_share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);  // the worst rank's
     if (rank != 0) return 0;
 
-    if (!o.out.empty()) io::write_npy(o.out, {in.B, in.Lq, E}, out.data());
-    if (!o.attn_weights.empty()) {
-        if (o.average_attn_weights) {
-            const int64_t H = o.num_heads, per = in.Lq * in.Lk;
-            std::vector<float> avg(static_cast<size_t>(in.B * per));
-            for (int64_t b = 0; b < in.B; ++b)
-                for (int64_t x = 0; x < per; ++x) {
-                    double s = 0;
-                    for (int64_t h = 0; h < H; ++h) s += weights[static_cast<size_t>((b * H + h) * per + x)];
-                    avg[static_cast<size_t>(b * per + x)] = static_cast<float>(s / static_cast<double>(H));
-                }
-            io::write_npy(o.attn_weights, {in.B, in.Lq, in.Lk}, avg.data());
-        } else {
-            io::write_npy(o.attn_weights, {in.B, o.num_heads, in.Lq, in.Lk}, weights.data());
-        }
-    }
+    write_outputs(o, in, E, out, weights);
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     const double best = sorted.front(), median = sorted[sorted.size() / 2];
@@ -435,22 +442,7 @@ int run(const cli::RunOptions &o) {
         if (o.repeat > 1 && !o.json) std::printf("run %d: %.3f ms\n", r + 1, ms.back());
     }
 
-    if (!o.out.empty()) io::write_npy(o.out, {in.B, in.Lq, E}, out.data());
-    if (!o.attn_weights.empty()) {
-        if (o.average_attn_weights) {
-            const int64_t H = o.num_heads, per = in.Lq * in.Lk;
-            std::vector<float> avg(static_cast<size_t>(in.B * per));
-            for (int64_t b = 0; b < in.B; ++b)
-                for (int64_t x = 0; x < per; ++x) {
-                    double s = 0;
-                    for (int64_t h = 0; h < H; ++h) s += weights[static_cast<size_t>((b * H + h) * per + x)];
-                    avg[static_cast<size_t>(b * per + x)] = static_cast<float>(s / static_cast<double>(H));
-                }
-            io::write_npy(o.attn_weights, {in.B, in.Lq, in.Lk}, avg.data());
-        } else {
-            io::write_npy(o.attn_weights, {in.B, o.num_heads, in.Lq, in.Lk}, weights.data());
-        }
-    }
+    write_outputs(o, in, E, out, weights);
 
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
