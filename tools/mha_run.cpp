@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,38 @@ int run_generate(const cli::RunOptions &o, Runtime &rt, const Layer &layer, cons
     return differing == 0 ? 0 : 3;
 }
 
+// Today's decoders: window, soft-cap, ALiBi, sinks (given, or the state_dict's), RoPE, from the
+// command line; the arrays live here until the layer (which copies them) is built.
+struct AttentionFlags {
+    const cli::RunOptions &o;
+    std::vector<float> slopes, sinks;
+    LayerConfig apply(LayerConfig c) const {
+        c.variant = AttentionVariant{o.window, o.softcap, slopes.empty() ? nullptr : slopes.data(),
+                                     sinks.empty() ? nullptr : sinks.data()};
+        c.rope.dims = o.rope_dims;
+        c.rope.theta = o.rope_theta;
+        c.rope.interleaved = o.rope_interleaved;
+        return c;
+    }
+};
+
+AttentionFlags read_attention_flags(const cli::RunOptions &o) {
+    AttentionFlags f{o, {}, {}};
+    const int64_t H = o.num_heads;
+    if (o.alibi) f.slopes = alibi_slopes(H);
+    if (!o.sinks.empty()) {
+        f.sinks = io::to_floats(o.sinks, io::read_npy(o.sinks), {H});
+    } else {
+        const io::StateDict sd(o.weights, o.prefix);
+        for (const char *key : {"sinks", "self_attn.sinks"})
+            if (sd.has(key)) {
+                f.sinks = sd.floats(key, {H});
+                break;
+            }
+    }
+    return f;
+}
+
 // --out and --attn-weights (per head, or averaged over the heads as PyTorch's
 // average_attn_weights=True).
 void write_outputs(const cli::RunOptions &o, const Inputs &in, int64_t E, const std::vector<float> &out,
@@ -320,6 +353,7 @@ int run_tp(const cli::RunOptions &o) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     std::unique_ptr<io::MhaWeights> w;
     Inputs in;
+    std::optional<AttentionFlags> flags;
     std::exception_ptr failed;
     try {
         w = std::make_unique<io::MhaWeights>(io::load_mha_weights(io::StateDict(o.weights, o.prefix), o.num_heads));
@@ -328,6 +362,7 @@ int run_tp(const cli::RunOptions &o) {
             throw cli::UsageError("--num-heads " + std::to_string(o.num_heads) + " does not divide embed_dim " + std::to_string(E));
         const LayerConfig rc = w->config.resolved();
         in = read_inputs(o, E, rc.kdim, rc.vdim);
+        flags.emplace(read_attention_flags(o));
     } catch (...) {
         failed = std::current_exception();
     }
@@ -338,7 +373,7 @@ int run_tp(const cli::RunOptions &o) {
         std::fprintf(stderr, "mha-run: rank %d of %d: another rank could not read its inputs\n", rank, size);
         return 2;
     }
-    const LayerConfig &c = w->config;
+    const LayerConfig c = flags->apply(w->config);
     const int64_t E = c.embed_dim;
     Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
     TpLayer layer(rt, MPI_COMM_WORLD, c, w->view());
@@ -405,26 +440,8 @@ int run(const cli::RunOptions &o) {
                             std::to_string(rc.vdim));
     const Inputs in = read_inputs(o, E, rc.kdim, rc.vdim);
 
-    // Today's decoders: window, soft-cap, ALiBi, sinks (given, or the state_dict's), RoPE.
-    LayerConfig lc = c;
-    const int64_t H = o.num_heads;
-    std::vector<float> slopes, sinks;
-    if (o.alibi) slopes = alibi_slopes(H);
-    if (!o.sinks.empty()) {
-        sinks = io::to_floats(o.sinks, io::read_npy(o.sinks), {H});
-    } else {
-        const io::StateDict sd(o.weights, o.prefix);
-        for (const char *key : {"sinks", "self_attn.sinks"})
-            if (sd.has(key)) {
-                sinks = sd.floats(key, {H});
-                break;
-            }
-    }
-    lc.variant = AttentionVariant{o.window, o.softcap, slopes.empty() ? nullptr : slopes.data(),
-                                  sinks.empty() ? nullptr : sinks.data()};
-    lc.rope.dims = o.rope_dims;
-    lc.rope.theta = o.rope_theta;
-    lc.rope.interleaved = o.rope_interleaved;
+    const AttentionFlags flags = read_attention_flags(o);
+    const LayerConfig lc = flags.apply(c);
 
     Runtime rt(RuntimeOptions{o.threads, {}, {}, {}});
     const Layer layer(rt, lc, lw);
