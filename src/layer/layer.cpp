@@ -468,9 +468,10 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
         std::vector<KVCache::Impl::Append> appends;
         for (int64_t s = 0; s < p.num_seqs; ++s) {
-            const float *row = qkv + p.q_offsets[s] * m.qkv_width;
-            appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row + m.k_off, row + m.v_off,
-                               m.qkv_width, m.qkv_width});
+            // With no tokens in the call there is no qkv buffer (null): no pointer arithmetic on it.
+            const float *row = qkv ? qkv + p.q_offsets[s] * m.qkv_width : nullptr;
+            appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row ? row + m.k_off : nullptr,
+                               row ? row + m.v_off : nullptr, m.qkv_width, m.qkv_width});
         }
         appended = kc.append_all(appends);
         if (!tokens) return;
