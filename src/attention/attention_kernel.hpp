@@ -138,6 +138,11 @@ struct FusedAttention {
         }
     }
 
+    // How far ahead (bytes) the int8 widening asks for the cache's lines: decode streams the
+    // cache from memory and the hardware prefetchers fall behind. Zen 5, decode B16 Lk4096
+    // H32/8 D128, 1 thread: none 21.9 ms, 1 KiB 18.4, 2 KiB 14.7, 4 KiB 13.7, 8 KiB 13.6.
+    static constexpr int64_t kPrefetchI8 = 4096;
+
     // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
     // widened to fp32 in the same panel layout: value times its token's scale. Lanes past n get 0.
     static void widen_k(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t D, float *dst) {
@@ -150,9 +155,11 @@ struct FusedAttention {
             for (int c = 0; c < NV; ++c) f[c] = V::load_aligned(lane_scale + c * W);
             const int8_t *qp = q + p * NR * D;
             float *dp = dst + p * NR * D;
-            for (int64_t d = 0; d < D; ++d)
+            for (int64_t d = 0; d < D; ++d) {
+                if (d * NR % 64 == 0) __builtin_prefetch(qp + d * NR + kPrefetchI8);
                 for (int c = 0; c < NV; ++c)
                     (simd::widen_i8<Arch>(qp + d * NR + c * W) * f[c]).store_unaligned(dp + d * NR + c * W);
+            }
         }
     }
 
@@ -166,6 +173,7 @@ struct FusedAttention {
         for (int64_t p = 0; p * NR < Dv; ++p)
             for (int64_t t = 0; t < n; ++t) {
                 const int8_t *qr = q + p * c.v_panel + t * NR;
+                if (t * NR % 64 == 0) __builtin_prefetch(qr + kPrefetchI8);
                 float *dr = dst + p * depth * NR + (row + t) * NR;
                 const V f(sc[t]);
                 for (int l = 0; l < NV; ++l) (simd::widen_i8<Arch>(qr + l * W) * f).store_unaligned(dr + l * W);
