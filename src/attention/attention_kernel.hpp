@@ -143,14 +143,19 @@ struct FusedAttention {
     // H32/8 D128, 1 thread: none 21.9 ms, 1 KiB 18.4, 2 KiB 14.7, 4 KiB 13.7, 8 KiB 13.6.
     static constexpr int64_t kPrefetchI8 = 4096;
 
+    // The int8 cache's arithmetic, the same on every path (so prefill, chunks and decode agree
+    // bit for bit): a score is the microkernel's FMA chain over the head dimension on the stored
+    // integers (exact in fp32), times the key's scale; P V is the chain over the keys of
+    // P times the value's scale, against the stored integers. Scaling once per score and once
+    // per probability, not once per stored value, is what lets decode widen in registers.
+    //
     // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
-    // widened to fp32 in the same panel layout: value times its token's scale. Lanes past n get 0.
+    // widened to fp32 in the same panel layout, unscaled. Lanes past n get 0.
     static void widen_k(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t D, float *dst) {
         const int8_t *q = c.k_panels_i8(b, h, j, D);
-        const float *sc = c.k_scales(b, h, j);
         for (int64_t p = 0; p * NR < n; ++p) {
             alignas(64) float lane_scale[NR];
-            for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? sc[p * NR + l] : 0.0f;
+            for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? 1.0f : 0.0f;
             V f[NV];
             for (int c = 0; c < NV; ++c) f[c] = V::load_aligned(lane_scale + c * W);
             const int8_t *qp = q + p * NR * D;
@@ -164,20 +169,77 @@ struct FusedAttention {
     }
 
     // An int8 cache's V rows of keys [j, j + n) of KV head h (within one block), widened into
-    // NR-column panels of depth `depth` from row `row`: value (j + t, c) at
+    // NR-column panels of depth `depth` from row `row`, unscaled: value (j + t, c) at
     // dst[c / NR * depth * NR + (row + t) * NR + c % NR].
     static void widen_v(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t Dv, int64_t depth,
                         int64_t row, float *dst) {
         const int8_t *q = c.v_panels_i8(b, h, j);
-        const float *sc = c.v_scales(b, h, j);
         for (int64_t p = 0; p * NR < Dv; ++p)
             for (int64_t t = 0; t < n; ++t) {
                 const int8_t *qr = q + p * c.v_panel + t * NR;
-                if (t * NR % 64 == 0) __builtin_prefetch(qr + kPrefetchI8);
                 float *dr = dst + p * depth * NR + (row + t) * NR;
-                const V f(sc[t]);
-                for (int l = 0; l < NV; ++l) (simd::widen_i8<Arch>(qr + l * W) * f).store_unaligned(dr + l * W);
+                for (int l = 0; l < NV; ++l) simd::widen_i8<Arch>(qr + l * W).store_unaligned(dr + l * W);
             }
+    }
+
+    // Rows [r0, r1) of x (stride ld), columns [0, n) for keys [j0, j0 + n) of KV head h: times
+    // each key's K scale (scores) or V scale (probabilities) of the int8 cache.
+    static void scale_keys_i8(const CacheView &c, bool v, int64_t b, int64_t h, int64_t j0, int64_t n, float *x,
+                              int64_t r0, int64_t r1, int64_t ld) {
+        for (int64_t j = 0, run; j < n; j += run) {
+            run = std::min(n - j, c.run(j0 + j));
+            const float *sc = v ? c.v_scales(b, h, j0 + j) : c.k_scales(b, h, j0 + j);
+            for (int64_t r = r0; r < r1; ++r) {
+                float *xr = x + r * ld + j;
+                int64_t t = 0;
+                for (; t + W <= run; t += W) (V::load_unaligned(xr + t) * V::load_unaligned(sc + t)).store_unaligned(xr + t);
+                if (t < run) Tail::store(xr + t, run - t, Tail::load(xr + t, run - t, 0.0f) * Tail::load(sc + t, run - t, 0.0f));
+            }
+        }
+    }
+
+    // Decode's scores from an int8 cache, widening K in registers: rows [0, M) of the packed
+    // queries qp (MR-row panels) against the n keys of one block's K panels k8, into s (stride
+    // lds), each times its key's scale sc. The same chain as the microkernel on widen_k's
+    // panels followed by scale_keys_i8, so the same bits as the packed path.
+    template <int R>
+    static void scores_i8_rows(int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc, float *s,
+                               int64_t lds) {
+        for (int64_t p = 0; p * NR < n; ++p) {
+            const int8_t *kp = k8 + p * NR * D;
+            V acc[R][NV];
+            for (int r = 0; r < R; ++r)
+                for (int c = 0; c < NV; ++c) acc[r][c] = V(0.0f);
+            for (int64_t d = 0; d < D; ++d) {
+                if (d * NR % 64 == 0) __builtin_prefetch(kp + d * NR + kPrefetchI8);
+                V bv[NV];
+                for (int c = 0; c < NV; ++c) bv[c] = simd::widen_i8<Arch>(kp + d * NR + c * W);
+                for (int r = 0; r < R; ++r) {
+                    const V a(qp[d * MR + r]);
+                    for (int c = 0; c < NV; ++c) acc[r][c] = simd::fmadd(a, bv[c], acc[r][c]);
+                }
+            }
+            const int64_t m = std::min<int64_t>(NR, n - p * NR);
+            for (int c = 0; c < NV && c * W < m; ++c) {
+                const int64_t lanes = std::min<int64_t>(W, m - c * W);
+                const V f = lanes == W ? V::load_unaligned(sc + p * NR + c * W) : Tail::load(sc + p * NR + c * W, lanes, 0.0f);
+                for (int r = 0; r < R; ++r) {
+                    float *dst = s + r * lds + p * NR + c * W;
+                    if (lanes == W)
+                        (acc[r][c] * f).store_unaligned(dst);
+                    else
+                        Tail::store(dst, lanes, acc[r][c] * f);
+                }
+            }
+        }
+    }
+    template <int R = 1>
+    static void scores_i8(int64_t rows, int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc,
+                          float *s, int64_t lds) {
+        if constexpr (R <= MR) {
+            if (rows == R) return scores_i8_rows<R>(n, D, qp, k8, sc, s, lds);
+            scores_i8<R + 1>(rows, n, D, qp, k8, sc, s, lds);
+        }
     }
 
     // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
@@ -285,10 +347,16 @@ struct FusedAttention {
             step = direct_step(s, j0 + j, cols - j);
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 float *sh = w.s + h * Mg * s.block_k + j;
-                if (s.kv_cache) {
-                    const float *kp = s.kv_cache->i8 ? w.k_packed : s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D);
-                    if (s.kv_cache->i8) widen_k(*s.kv_cache, it.b, it.g + h, j0 + j, step, D, w.k_packed);
-                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D, kp, sh,
+                if (s.kv_cache && s.kv_cache->i8) {
+                    const CacheView &c = *s.kv_cache;
+                    const float *qh = w.q_packed + h * round_up_to(Mg, MR) * D;
+                    for (int64_t r0 = 0; r0 < Mg; r0 += MR)
+                        scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, qh + r0 * D,
+                                  c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
+                                  sh + r0 * s.block_k, s.block_k);
+                } else if (s.kv_cache) {
+                    gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
+                                                           s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
                                                            s.block_k, 1.0f, 0.0f);
                 }
                 else
@@ -312,17 +380,19 @@ struct FusedAttention {
             for (int64_t h = 0; h < it.kv_heads; ++h) {
                 // Dense V rows (columns contiguous), or the cache's NR-column panels.
                 const CacheView *c = s.kv_cache;
-                const float *vr = w.v_packed;
-                int64_t panel = step * NR;
-                if (c && c->i8)  // widened into panels of this step's depth
-                    widen_v(*c, it.b, it.g + h, j0 + j, step, Dv, step, 0, w.v_packed);
-                else if (c)
-                    vr = c->v_panels(it.b, it.g + h, j0 + j), panel = c->v_panel;
-                else
-                    vr = v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv, panel = W;
-                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W, panel};
-                DirectTiles<Arch>::accumulate(Mg, step, Dv, w.s + h * Mg * s.block_k + j, s.block_k, vr, cols_of,
-                                              w.t + h * Mg * Dv);
+                float *ph = w.s + h * Mg * s.block_k + j;
+                if (c && c->i8) {  // P times the values' scales, against the stored integers
+                    scale_keys_i8(*c, true, it.b, it.g + h, j0 + j, step, ph, 0, Mg, s.block_k);
+                    const typename DirectTiles<Arch>::Columns cols_of{NR, NR, c->v_panel};
+                    DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, c->v_panels_i8(it.b, it.g + h, j0 + j),
+                                                  cols_of, w.t + h * Mg * Dv);
+                    continue;
+                }
+                const float *vr = c ? c->v_panels(it.b, it.g + h, j0 + j)
+                                    : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
+                const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W,
+                                                                  c ? c->v_panel : W};
+                DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, vr, cols_of, w.t + h * Mg * Dv);
             }
         }
         for (int64_t r = 0; r < M; ++r) Rows::add(w.t + r * Dv, Dv, acc + r * Dv);
@@ -345,6 +415,7 @@ struct FusedAttention {
             }
         } else {
             gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, D, qp, kp, sp, s.block_k, 1.0f, 0.0f);
+            if (s.kv_cache) scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0, cols, sp, 0, r1 - r0, s.block_k);
         }
         mask_rows(s, it, r0, r1, rows_per_head, j0, cols, w);
         return cols;
@@ -423,6 +494,7 @@ struct FusedAttention {
                 if (cols == 0) continue;
                 float *sp = w.s + r0 * s.block_k;
                 Rows::online_fold(r1 - r0, cols, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
+                if (s.kv_cache && s.kv_cache->i8) scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0, cols, sp, 0, r1 - r0, s.block_k);
                 gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols, 0, (Dv + NR - 1) / NR, sp,
                                                                   s.block_k, 1, nullptr, 0, vp, v_depth, acc + r0 * Dv,
                                                                   Dv, 1.0f, 1.0f});

@@ -18,10 +18,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
 #include "simd/fmadd.hpp"
+#include "simd/widen_i8.hpp"
 #include "softmax/partial.hpp"
 
 namespace mha::attention_detail {
@@ -32,7 +34,7 @@ struct DirectTiles {
     using V = xsimd::batch<float, Arch>;
     using Tail = softmax_detail::Partial<Arch>;
     static constexpr int W = static_cast<int>(V::size);
-    // How far ahead block() asks for V rows: decode streams V from memory and the hardware
+    // How far ahead block() asks for V rows (int8 rows: 4x as many, the same bytes): decode streams V from memory and the hardware
     // prefetchers fall behind (Zen 5, decode B16 Lk4096 H32/8 D128 from an fp32 cache: 26.6 -> 24.0 ms).
     static constexpr int64_t kPrefetchKeys = 32;
 
@@ -57,11 +59,14 @@ struct DirectTiles {
     // never straddles two panels (W divides width).
     struct Columns {
         int64_t ld, width, panel;
-        const float *at(const float *v, int64_t c) const { return v + c / width * panel + c % width; }
+        template <class T>
+        const T *at(const T *v, int64_t c) const { return v + c / width * panel + c % width; }
     };
 
     // acc[r * Dv + c] += sum_j p[r * ldp + j] * V(j, c) for r < M, j < n, c < Dv, the keys in order.
-    static void accumulate(int64_t M, int64_t n, int64_t Dv, const float *p, int64_t ldp, const float *v,
+    // V is fp32, or an int8 cache's stored integers (T = int8_t), widened in registers.
+    template <class T>
+    static void accumulate(int64_t M, int64_t n, int64_t Dv, const float *p, int64_t ldp, const T *v,
                            const Columns &vc, float *acc) {
         constexpr int64_t kRows = 4, kVecs = 4;
         for (int64_t r0 = 0; r0 < M; r0 += kRows)
@@ -75,9 +80,9 @@ struct DirectTiles {
 #define MHA_DIRECT_BLOCK(R, C)                                                   \
     case R * 8 + C:                                                              \
         if (tail == W)                                                           \
-            block<R, C, false>(n, pr, ldp, v, vc, c0, ar, Dv, tail);             \
+            block<R, C, false, T>(n, pr, ldp, v, vc, c0, ar, Dv, tail);          \
         else                                                                     \
-            block<R, C, true>(n, pr, ldp, v, vc, c0, ar, Dv, tail);              \
+            block<R, C, true, T>(n, pr, ldp, v, vc, c0, ar, Dv, tail);           \
         break;
                     MHA_DIRECT_BLOCK(1, 1) MHA_DIRECT_BLOCK(1, 2) MHA_DIRECT_BLOCK(1, 3) MHA_DIRECT_BLOCK(1, 4)
                     MHA_DIRECT_BLOCK(2, 1) MHA_DIRECT_BLOCK(2, 2) MHA_DIRECT_BLOCK(2, 3) MHA_DIRECT_BLOCK(2, 4)
@@ -121,16 +126,24 @@ private:
     // (Partial: tail < W), held in registers while the n keys go by. Full-width blocks have no
     // tail test in the key loop: with one there GCC kept every accumulator's copy in memory
     // up to date on each key (16 stores per key at 4 x 4; measured 2x slower decode on Zen 5).
-    template <int R, int C, bool Partial>
-    static void block(int64_t n, const float *p, int64_t ldp, const float *v, const Columns &vc, int64_t c0,
+    template <int R, int C, bool Partial, class T>
+    static void block(int64_t n, const float *p, int64_t ldp, const T *v, const Columns &vc, int64_t c0,
                       float *acc, int64_t lda, int64_t tail) {
         auto load = [tail](const float *x, int c) {
             if constexpr (Partial)
                 if (c == C - 1) return Tail::load(x, tail, 0.0f);
             return V::load_unaligned(x);
         };
+        // int8 rows lie in the cache's whole NR-wide panels: a full vector is always there to
+        // read, and lanes past the tail are never stored.
+        auto load_v = [&](const T *x, int c) {
+            if constexpr (std::is_same_v<T, int8_t>)
+                return simd::widen_i8<Arch>(x);
+            else
+                return load(x, c);
+        };
         const int64_t ldv = vc.ld;
-        const float *vcol[C];
+        const T *vcol[C];
         for (int c = 0; c < C; ++c) vcol[c] = vc.at(v, c0 + c * W);
         const float *prow[R];
         for (int r = 0; r < R; ++r) prow[r] = p + r * ldp;
@@ -140,8 +153,8 @@ private:
         for (int64_t j = 0; j < n; ++j) {
             V vj[C];
             // V streams from memory in decode; the hardware prefetchers fall behind (Zen 5).
-            for (int c = 0; c < C; ++c) __builtin_prefetch(vcol[c] + (j + kPrefetchKeys) * ldv);
-            for (int c = 0; c < C; ++c) vj[c] = load(vcol[c] + j * ldv, c);
+            for (int c = 0; c < C; ++c) __builtin_prefetch(vcol[c] + (j + kPrefetchKeys * int64_t{sizeof(float) / sizeof(T)}) * ldv);
+            for (int c = 0; c < C; ++c) vj[c] = load_v(vcol[c] + j * ldv, c);
             for (int r = 0; r < R; ++r) {
                 const V pj(prow[r][j]);
                 for (int c = 0; c < C; ++c) a[r][c] = simd::fmadd(pj, vj[c], a[r][c]);
