@@ -27,6 +27,7 @@
 #include <utility>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "attention/attention_shape.hpp"
 #include "attention/direct_tiles.hpp"
@@ -295,11 +296,18 @@ struct FusedAttention {
         }
     };
 
+    // A panel's first computed key within a tile is a multiple of this: a K panel's start, and a
+    // whole group of the fold's four sum vectors, so each visible key's exp joins the same
+    // partial sum as when the panel starts at the tile's first key.
+    static constexpr int64_t kFirstAlign = std::lcm(int64_t{NR}, int64_t{4 * W});
+
     // How many keys of the tile [j0, j0 + n) any row of the register panel starting at row r0 may
     // see. Past it a panel's scores are never computed and its P is zero, so the products skip
-    // it: on causal diagonals that is most of the triangle.
+    // it: on causal diagonals that is most of the triangle. `first` (if asked): the keys before
+    // it, rounded down to kFirstAlign, are before every row's window, and are skipped alike (their
+    // P would be 0, adding exact zeros to the sums and to P V's chains).
     static int64_t panel_keys(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t j0,
-                              int64_t n) {
+                              int64_t n, int64_t *first_key = nullptr) {
         int64_t lim = 0, first = n;
         for (int64_t r = r0; r < r1; ++r) {
             const int64_t i = it.i0 + r % rows_per_head;
@@ -307,6 +315,7 @@ struct FusedAttention {
             first = std::min(first, s.key_start(it.b, i) - j0);
         }
         lim = std::min(lim, n);
+        if (first_key) *first_key = first >= lim || first <= 0 ? 0 : first / kFirstAlign * kFirstAlign;
         // A tile wholly before every row's window shows the panel nothing either.
         return first >= lim ? 0 : lim;
     }
@@ -321,8 +330,12 @@ struct FusedAttention {
         }
         const float *kp = kv.k(s, k, it, j0, n, w);
         for (int64_t r0 = 0; r0 < M; r0 += MR) {
-            const int64_t r1 = std::min(M, r0 + MR), cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
-            for (int64_t r = r0; r < r1; ++r) std::fill(w.s + r * s.block_k + cols, w.s + r * s.block_k + n, kNegInf);
+            int64_t first = 0;
+            const int64_t r1 = std::min(M, r0 + MR), cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w, first);
+            for (int64_t r = r0; r < r1; ++r) {
+                std::fill(w.s + r * s.block_k, w.s + r * s.block_k + first, kNegInf);
+                std::fill(w.s + r * s.block_k + cols, w.s + r * s.block_k + n, kNegInf);
+            }
         }
     }
 
@@ -365,7 +378,7 @@ struct FusedAttention {
                                               s.block_k);
             }
         }
-        mask_rows(s, it, 0, M, rows_per_head, j0, cols, w);
+        mask_rows(s, it, 0, M, rows_per_head, j0, 0, cols, w);
         return cols;
     }
 
@@ -399,36 +412,40 @@ struct FusedAttention {
     }
 
     // Rows [r0, r1) of S (one register panel) against the tile's K panels, masked. Returns how many
-    // of the tile's keys the panel may see: only those are computed and masked (the rest would
-    // all be -inf).
+    // of the tile's keys the panel may see, and in `first` how many before them it skips (see
+    // panel_keys): only keys [first, cols) are computed and masked (the rest would all be -inf).
     static int64_t panel_scores(const Shape &s, const float *kp, const Item &it, int64_t r0, int64_t r1,
-                                int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w) {
-        const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n), D = s.head_dim;
+                                int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w, int64_t &first) {
+        const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n, &first), D = s.head_dim;
         if (cols == 0) return 0;
         const float *qp = w.q_packed + r0 * D;
         float *sp = w.s + r0 * s.block_k;
         if (s.kv_cache && !s.kv_cache->i8) {  // the cache's panels, block by block
-            for (int64_t j = 0, run; j < cols; j += run) {
+            for (int64_t j = first, run; j < cols; j += run) {
                 run = std::min(cols - j, s.kv_cache->run(j0 + j));
                 gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, run, D, qp, s.kv_cache->k_panels(it.b, it.g, j0 + j, D),
                                                        sp + j, s.block_k, 1.0f, 0.0f);
             }
         } else {
-            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols, D, qp, kp, sp, s.block_k, 1.0f, 0.0f);
-            if (s.kv_cache) scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0, cols, sp, 0, r1 - r0, s.block_k);
+            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols - first, D, qp, kp + first * D, sp + first, s.block_k,
+                                                   1.0f, 0.0f);
+            if (s.kv_cache)
+                scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0 + first, cols - first, sp + first, 0, r1 - r0, s.block_k);
         }
-        mask_rows(s, it, r0, r1, rows_per_head, j0, cols, w);
+        mask_rows(s, it, r0, r1, rows_per_head, j0, first, cols, w);
         return cols;
     }
 
+    // Modifiers and masks on rows [r0, r1) of S, keys [j0 + first, j0 + n).
     static void mask_rows(const Shape &s, const Item &it, int64_t r0, int64_t r1, int64_t rows_per_head, int64_t j0,
-                          int64_t n, const ItemScratch &w) {
+                          int64_t first, int64_t n, const ItemScratch &w) {
         const bool modified = s.softcap != 0.0f || s.alibi;
         for (int64_t r = r0; r < r1; ++r) {
             const int64_t i = it.i0 + r % rows_per_head;
-            float *row = w.s + r * s.block_k;
-            if (modified) modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0, n, row);
-            apply_masks(s, it.b, i, j0, n, row);
+            float *row = w.s + r * s.block_k + first;
+            if (modified)
+                modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0 + first, n - first, row);
+            apply_masks(s, it.b, i, j0 + first, n - first, row);
         }
     }
 
@@ -487,17 +504,19 @@ struct FusedAttention {
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
             for (int64_t r0 = 0; r0 < M; r0 += MR) {
                 const int64_t r1 = std::min(M, r0 + MR);
-                const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w);
-                // Past `cols` every score of the panel would be -inf: folding them would leave the
-                // state as it is (their P is 0), so the fold stops there, and a panel that sees
-                // none of the tile's keys is skipped.
+                int64_t first = 0;
+                const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w, first);
+                // Past `cols` (and before `first`) every score of the panel would be -inf: folding
+                // them would leave the state as it is (their P is 0), so the fold and P V skip
+                // them, and a panel that sees none of the tile's keys is skipped.
                 if (cols == 0) continue;
-                float *sp = w.s + r0 * s.block_k;
-                Rows::online_fold(r1 - r0, cols, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
-                if (s.kv_cache && s.kv_cache->i8) scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0, cols, sp, 0, r1 - r0, s.block_k);
-                gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols, 0, (Dv + NR - 1) / NR, sp,
-                                                                  s.block_k, 1, nullptr, 0, vp, v_depth, acc + r0 * Dv,
-                                                                  Dv, 1.0f, 1.0f});
+                float *sp = w.s + r0 * s.block_k + first;
+                Rows::online_fold(r1 - r0, cols - first, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
+                if (s.kv_cache && s.kv_cache->i8)
+                    scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
+                gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR, sp,
+                                                                  s.block_k, 1, nullptr, 0, vp + first * NR, v_depth,
+                                                                  acc + r0 * Dv, Dv, 1.0f, 1.0f});
             }
         }
     }
