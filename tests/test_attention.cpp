@@ -421,6 +421,8 @@ struct VariantSpec {
 const VariantSpec kVariants[] = {
     {"window", 6},
     {"softcap", 0, 0.3f},
+    {"softcap 50 (Gemma 2)", 0, 50.0f},
+    {"softcap far above every score", 0, 1e6f},
     {"alibi", 0, 0.0f, true},
     {"sinks", 0, 0.0f, false, true},
     {"all together", 9, 0.5f, true, true},
@@ -456,10 +458,10 @@ void check_variant(const Case &c, const VariantSpec &v, const RuntimeOptions &o,
     int bad = 0;
     for (size_t i = 0; i < r.out.size(); ++i)
         if (!(std::fabs(r.out[i] - want[i]) <= 5e-5) && bad++ < 3)
-            FAIL_CHECK(std::string(c.what) << " / " << v.what << " out[" << i << "] = " << r.out[i] << ", want " << want[i]);
+            FAIL_CHECK(std::string(c.what) << " / " << std::string(v.what) << " out[" << i << "] = " << r.out[i] << ", want " << want[i]);
     for (size_t i = 0; i < r.w.size(); ++i)
         if (!(std::fabs(r.w[i] - want_w[i]) <= 5e-5) && bad++ < 6)
-            FAIL_CHECK(std::string(c.what) << " / " << v.what << " weights[" << i << "] = " << r.w[i] << ", want " << want_w[i]);
+            FAIL_CHECK(std::string(c.what) << " / " << std::string(v.what) << " weights[" << i << "] = " << r.w[i] << ", want " << want_w[i]);
 }
 
 const Case kVariantCases[] = {
