@@ -229,6 +229,50 @@ inline void expect_close(const char *entry, const char *what, double got, double
 // are checked only for what holds under any rounding (expect_convex), not against the reference.
 inline bool well_conditioned(double scale) { return std::fabs(scale) <= 64; }
 
+// The score modifiers of an attention call (mha_attention_variant), read after everything else
+// so that inputs written before they existed decode as before (past the end every byte is 0: no
+// modifier). Each is on in some inputs, with a bad value now and then; the arrays hold exactly
+// num_heads values (none for a bad or huge head count). Returns whether any modifies the scores.
+inline bool decode_variant(Input &in, Rng &rng, int64_t num_heads, mha_attention_variant &v, std::vector<float> &slopes,
+                           std::vector<float> &sinks) {
+    const uint8_t sel = in.byte();
+    if (sel & 1) v.window = sel & 2 ? in.dim() : 1 + in.small(12);
+    if (sel & 4) v.softcap = sel & 8 ? in.scalar() : 0.5f + static_cast<float>(in.small(100));
+    const bool heads_ok = num_heads > 0 && num_heads <= 4096;
+    if (sel & 16 && heads_ok) {
+        for (int64_t h = 0; h < num_heads; ++h)
+            slopes.push_back(in.flag(16) ? in.scalar() : std::exp2(-static_cast<float>(rng.next() % 9)));
+        v.alibi_slopes = slopes.data();
+    }
+    if (sel & 32 && heads_ok) {
+        for (int64_t h = 0; h < num_heads; ++h)
+            sinks.push_back(in.flag(16) ? in.scalar() : 0.5f * static_cast<float>(rng.next() % 9) - 2.0f);
+        v.sink_logits = sinks.data();
+    }
+    return v.softcap != 0.0f || v.alibi_slopes;
+}
+
+// What the library must refuse: a negative window, a softcap that is negative or not finite, a
+// slope that is not finite, a sink that is NaN or +inf.
+inline bool variant_valid(const mha_attention_variant &v, int64_t num_heads) {
+    if (v.window < 0 || !std::isfinite(v.softcap) || v.softcap < 0) return false;
+    for (int64_t h = 0; h < num_heads; ++h) {
+        if (v.alibi_slopes && !std::isfinite(v.alibi_slopes[h])) return false;
+        if (v.sink_logits && (std::isnan(v.sink_logits[h]) || v.sink_logits[h] == INFINITY)) return false;
+    }
+    return true;
+}
+
+// Whether the reference comparison is meaningful: slopes within 1 and sinks within 64 (else a
+// bias or a sink of 1e30 decides near ties differently in fp32 and double).
+inline bool variant_conditioned(const mha_attention_variant &v, int64_t num_heads) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+        if (v.alibi_slopes && std::fabs(v.alibi_slopes[h]) > 1) return false;
+        if (v.sink_logits && std::fabs(v.sink_logits[h]) > 64 && v.sink_logits[h] != -INFINITY) return false;
+    }
+    return true;
+}
+
 // Every output of an attention is a convex combination of V values (or 0 for a row with no visible
 // key): within [min V, max V] of all the V the call was given, widened by a rounding.
 inline void expect_convex(const char *entry, const float *out, size_t n, const std::vector<float> &v) {
