@@ -168,6 +168,50 @@ mha::LayerForward forward_params(int64_t B, int64_t Lq, int64_t Lk, bool causal,
     return f;
 }
 
+// The score modifiers (window, softcap, ALiBi slopes, sinks) with the arrays they point into.
+// alibi_slopes and sinks: None or 1-D float32 arrays of num_heads (anything else raises TypeError or
+// ValueError naming the argument, as every array does); the values themselves (a negative window, a
+// NaN cap, ...) are the library's to refuse, as ValueError naming the field (variant.window, ...).
+struct Variant {
+    mha::AttentionVariant v;
+    std::optional<FloatArray> slopes, sinks;
+};
+Variant variant_of(int64_t window, float softcap, const py::object &slopes, const py::object &sinks,
+                   int64_t num_heads, bool copy) {
+    Variant r;
+    auto per_head = [&](const py::object &o, const char *name) -> std::optional<FloatArray> {
+        if (o.is_none()) return std::nullopt;
+        FloatArray a = f32(o, name, copy);
+        if (a.ndim() != 1 || a.shape(0) != num_heads)
+            throw py::value_error(std::string(name) + " must have shape (num_heads,) = (" + std::to_string(num_heads) +
+                                  ",)");
+        return a;
+    };
+    r.slopes = per_head(slopes, "alibi_slopes");
+    r.sinks = per_head(sinks, "sinks");
+    r.v.window = window;
+    r.v.softcap = softcap;
+    r.v.alibi_slopes = r.slopes ? r.slopes->data() : nullptr;
+    r.v.sink_logits = r.sinks ? r.sinks->data() : nullptr;
+    return r;
+}
+
+mha::DType dtype_of(const std::string &s) {
+    if (s == "f32") return mha::DType::f32;
+    if (s == "bf16") return mha::DType::bf16;
+    if (s == "i8") return mha::DType::i8;
+    throw py::value_error("dtype must be 'f32', 'bf16' or 'i8', got '" + s + "'");
+}
+
+const char *dtype_name(mha::DType d) {
+    switch (d) {
+    case mha::DType::f32: return "f32";
+    case mha::DType::bf16: return "bf16";
+    case mha::DType::i8: return "i8";
+    }
+    return "?";
+}
+
 std::optional<py::array_t<int32_t, py::array::c_style>> valid_of(const py::object &obj, int64_t B) {
     if (obj.is_none()) return std::nullopt;
     auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(obj);
@@ -265,7 +309,8 @@ PYBIND11_MODULE(_mha, m) {
     m.def(
         "attention",
         [](const py::object &q_, const py::object &k_, const py::object &v_, bool causal, const py::object &mask_,
-           const py::object &valid_, const py::object &scale, bool need_weights, const py::object &out_,
+           const py::object &valid_, const py::object &scale, int64_t window, float softcap,
+           const py::object &alibi_slopes, const py::object &sinks, bool need_weights, const py::object &out_,
            const std::shared_ptr<mha::Runtime> &runtime, bool copy) -> py::object {
             std::shared_ptr<mha::Runtime> keep;
             mha::Runtime &rt = runtime_or_default(runtime, keep);
@@ -287,6 +332,8 @@ PYBIND11_MODULE(_mha, m) {
                                       "(batch, kv_len, num_kv_heads, value_dim) for q (batch, q_len, num_heads, head_dim)");
             p.scale = scale_of(scale);
             p.causal = causal;
+            const Variant variant = variant_of(window, softcap, alibi_slopes, sinks, p.num_heads, copy);
+            p.variant = variant.v;
             const auto mask = mask_of(mask_, p.batch, p.q_len, p.kv_len);
             if (mask) {
                 p.mask = mask->data.data();
@@ -311,15 +358,21 @@ PYBIND11_MODULE(_mha, m) {
             return py::object(std::move(out));
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = false, py::arg("mask") = py::none(),
-        py::arg("valid_lens") = py::none(), py::arg("scale") = py::none(), py::arg("need_weights") = false,
-        py::arg("out") = py::none(), py::arg("runtime") = nullptr, py::arg("copy") = false,
+        py::arg("valid_lens") = py::none(), py::arg("scale") = py::none(), py::arg("window") = 0,
+        py::arg("softcap") = 0.0f, py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+        py::arg("need_weights") = false, py::arg("out") = py::none(), py::arg("runtime") = nullptr,
+        py::arg("copy") = false,
         "Fused attention on the C ABI's layouts: q (B, Lq, H, D), k (B, Lk, Hkv, D), v (B, Lk, Hkv, Dv) -> out "
-        "(B, Lq, H, Dv), or (out, weights (B, H, Lq, Lk)) with need_weights.");
+        "(B, Lq, H, Dv), or (out, weights (B, H, Lq, Lk)) with need_weights. Score modifiers (query i at "
+        "position p = i + Lk - Lq, key j at j): window W > 0 keeps keys j > p - W; softcap C > 0 gives "
+        "s = C tanh(s / C); alibi_slopes (H,) adds slope[h] (j - p); sinks (H,) adds exp(sink[h] - max) to "
+        "each row's softmax denominator.");
 
     m.def(
         "attention_varlen",
         [](const py::object &q_, const py::object &k_, const py::object &v_, const py::object &q_offsets,
-           const py::object &kv_offsets, bool causal, const py::object &scale, const py::object &out_,
+           const py::object &kv_offsets, bool causal, const py::object &scale, int64_t window, float softcap,
+           const py::object &alibi_slopes, const py::object &sinks, const py::object &out_,
            const std::shared_ptr<mha::Runtime> &runtime, bool copy) {
             std::shared_ptr<mha::Runtime> keep;
             mha::Runtime &rt = runtime_or_default(runtime, keep);
@@ -344,6 +397,8 @@ PYBIND11_MODULE(_mha, m) {
                 throw py::value_error("k must be (total_kv, num_kv_heads, head_dim) and v (total_kv, num_kv_heads, value_dim)");
             p.scale = scale_of(scale);
             p.causal = causal;
+            const Variant variant = variant_of(window, softcap, alibi_slopes, sinks, p.num_heads, copy);
+            p.variant = variant.v;
             FloatArray out = output(out_, "out", {q.shape(0), p.num_heads, p.value_dim});
             const float *qp = q.data(), *kp = k.data(), *vp = v.data();
             float *op = out.mutable_data();
@@ -354,14 +409,21 @@ PYBIND11_MODULE(_mha, m) {
             return out;
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("q_offsets"), py::arg("kv_offsets"), py::kw_only(),
-        py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none(),
+        py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("softcap") = 0.0f,
+        py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("out") = py::none(),
         py::arg("runtime") = nullptr, py::arg("copy") = false,
         "Ragged attention: sequence s owns rows q_offsets[s]:q_offsets[s+1] of q and out and "
-        "kv_offsets[s]:kv_offsets[s+1] of k and v; no padding.");
+        "kv_offsets[s]:kv_offsets[s+1] of k and v; no padding. window, softcap, alibi_slopes and sinks as in "
+        "attention, with positions per sequence.");
 
-    py::class_<PyCache>(m, "KVCache", "The paged KV cache (fp32), every block allocated at creation.")
+    py::class_<PyCache>(m, "KVCache",
+        "The paged KV cache, every block allocated at creation. dtype: 'f32', or 'i8' (each token's K and V "
+        "rows stored per KV head as int8 with one fp32 scale; read() returns the widened values); 'bf16' "
+        "raises NotImplementedError for now. window W > 0 releases blocks outside every future window of W "
+        "(attention over the cache must then use window <= W).")
         .def(py::init([](int64_t num_kv_heads, int64_t head_dim, int64_t value_dim, int64_t max_tokens,
-                         int64_t block_tokens, const std::shared_ptr<mha::Runtime> &runtime) {
+                         int64_t block_tokens, const std::string &dtype, int64_t window,
+                         const std::shared_ptr<mha::Runtime> &runtime) {
                  PyCache c;
                  mha::Runtime &rt = runtime_or_default(runtime, c.rt);
                  mha::KVCacheConfig cfg;
@@ -370,11 +432,14 @@ PYBIND11_MODULE(_mha, m) {
                  cfg.value_dim = value_dim;
                  cfg.max_tokens = max_tokens;
                  cfg.block_tokens = block_tokens;
+                 cfg.dtype = dtype_of(dtype);
+                 cfg.window = window;
                  c.cache = std::make_unique<mha::KVCache>(rt, cfg);
                  return c;
              }),
              py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("value_dim"), py::arg("max_tokens"), py::kw_only(),
-             py::arg("block_tokens") = 0, py::arg("runtime") = nullptr)
+             py::arg("block_tokens") = 0, py::arg("dtype") = "f32", py::arg("window") = 0,
+             py::arg("runtime") = nullptr)
         .def("append", [](PyCache &c, int64_t seq_id, const py::object &k_, const py::object &v_, bool copy) {
                  const auto &cfg = c.cache->config();
                  FloatArray k = f32(k_, "k", copy), v = f32(v_, "v", copy);
@@ -397,6 +462,8 @@ PYBIND11_MODULE(_mha, m) {
         .def_property_readonly("free_tokens", [](const PyCache &c) { return c.cache->free_tokens(); })
         .def_property_readonly("bytes", [](const PyCache &c) { return c.cache->bytes(); })
         .def_property_readonly("block_tokens", [](const PyCache &c) { return c.cache->config().block_tokens; })
+        .def_property_readonly("dtype", [](const PyCache &c) { return std::string(dtype_name(c.cache->config().dtype)); })
+        .def_property_readonly("window", [](const PyCache &c) { return c.cache->config().window; })
         .def("read", [](const PyCache &c, int64_t seq, int64_t start, const py::object &n_) {
                  const auto &cfg = c.cache->config();
                  const int64_t n = n_.is_none() ? c.cache->seq_len(seq) - start : n_.cast<int64_t>();
@@ -406,8 +473,9 @@ PYBIND11_MODULE(_mha, m) {
                  return py::make_tuple(k, v);
              }, py::arg("seq_id"), py::arg("start") = 0, py::arg("n_tokens") = py::none())
         .def("attention", [](const PyCache &c, const py::object &q_, const py::object &seq_ids,
-                             const py::object &q_offsets, bool causal, const py::object &scale, const py::object &out_,
-                             const std::shared_ptr<mha::Runtime> &runtime, bool copy) {
+                             const py::object &q_offsets, bool causal, const py::object &scale, int64_t window,
+                             float softcap, const py::object &alibi_slopes, const py::object &sinks,
+                             const py::object &out_, const std::shared_ptr<mha::Runtime> &runtime, bool copy) {
                  std::shared_ptr<mha::Runtime> keep = runtime ? runtime : c.rt;
                  FloatArray q = f32(q_, "q", copy);
                  ndim(q, "q", 3, "(total_q, num_heads, head_dim)");
@@ -423,6 +491,8 @@ PYBIND11_MODULE(_mha, m) {
                  p.num_heads = q.shape(1);
                  p.scale = scale_of(scale);
                  p.causal = causal;
+                 const Variant variant = variant_of(window, softcap, alibi_slopes, sinks, p.num_heads, copy);
+                 p.variant = variant.v;
                  FloatArray out = output(out_, "out", {q.shape(0), q.shape(1), c.cache->config().value_dim});
                  const float *qp = q.data();
                  float *op = out.mutable_data();
@@ -432,17 +502,27 @@ PYBIND11_MODULE(_mha, m) {
                  }
                  return out;
              }, py::arg("q"), py::arg("seq_ids"), py::arg("q_offsets"), py::kw_only(), py::arg("causal") = false,
-             py::arg("scale") = py::none(), py::arg("out") = py::none(), py::arg("runtime") = nullptr,
-             py::arg("copy") = false,
-             "Attention over the cache: sequence s's q rows q_offsets[s]:q_offsets[s+1] are its last cached tokens.");
+             py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("softcap") = 0.0f,
+             py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("out") = py::none(),
+             py::arg("runtime") = nullptr, py::arg("copy") = false,
+             "Attention over the cache: sequence s's q rows q_offsets[s]:q_offsets[s+1] are its last cached tokens. "
+             "window, softcap, alibi_slopes and sinks as in attention (a token's position: its index in its "
+             "sequence).");
 
-    py::class_<PyLayer>(m, "Layer", "The multi-head attention layer (PyTorch's nn.Linear weight layout).")
+    py::class_<PyLayer>(m, "Layer",
+        "The multi-head attention layer (PyTorch's nn.Linear weight layout). window, softcap, alibi_slopes and "
+        "sinks: the attention's score modifiers, as in attention (the arrays are copied). rope_dims > 0 rotates "
+        "the first rope_dims of every q and k head after their projection by position * rope_position_scale * "
+        "rope_theta^(-2d/rope_dims) (0 = the defaults: theta 10000, scale 1); pairs (x[d], x[d + dims/2]) as "
+        "rotate_half, or adjacent pairs with rope_interleaved.")
         .def(py::init([](int64_t embed_dim, int64_t num_heads, const py::object &q_weight, const py::object &k_weight,
                          const py::object &v_weight, const py::object &out_weight, const py::object &q_bias,
                          const py::object &k_bias, const py::object &v_bias, const py::object &out_bias,
                          int64_t num_kv_heads, int64_t head_dim, int64_t value_dim, int64_t kdim, int64_t vdim,
                          const std::string &norm, float norm_eps, const py::object &norm_weight,
-                         const py::object &norm_bias, const std::shared_ptr<mha::Runtime> &runtime) {
+                         const py::object &norm_bias, int64_t window, float softcap, const py::object &alibi_slopes,
+                         const py::object &sinks, int64_t rope_dims, float rope_theta, bool rope_interleaved,
+                         float rope_position_scale, const std::shared_ptr<mha::Runtime> &runtime) {
                  PyLayer l;
                  mha::Runtime &rt = runtime_or_default(runtime, l.rt);
                  mha::LayerConfig c;
@@ -455,7 +535,14 @@ PYBIND11_MODULE(_mha, m) {
                  c.vdim = vdim;
                  c.norm = norm_of(norm);
                  c.norm_eps = norm_eps;
+                 c.rope.dims = rope_dims;
+                 c.rope.theta = rope_theta;
+                 c.rope.interleaved = rope_interleaved;
+                 c.rope.position_scale = rope_position_scale;
                  const mha::LayerConfig r = c.resolved();
+                 // Copied by the layer when it is built; kept alive until then.
+                 const Variant variant = variant_of(window, softcap, alibi_slopes, sinks, r.num_heads, true);
+                 c.variant = variant.v;
                  auto weight = [&](const py::object &o, const char *name, int64_t rows, int64_t cols) {
                      FloatArray a = f32(o, name, true);
                      if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols)
@@ -498,7 +585,10 @@ PYBIND11_MODULE(_mha, m) {
              py::arg("v_bias") = py::none(), py::arg("out_bias") = py::none(), py::arg("num_kv_heads") = 0,
              py::arg("head_dim") = 0, py::arg("value_dim") = 0, py::arg("kdim") = 0, py::arg("vdim") = 0,
              py::arg("norm") = "none", py::arg("norm_eps") = 0.0f, py::arg("norm_weight") = py::none(),
-             py::arg("norm_bias") = py::none(), py::arg("runtime") = nullptr)
+             py::arg("norm_bias") = py::none(), py::arg("window") = 0, py::arg("softcap") = 0.0f,
+             py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("rope_dims") = 0,
+             py::arg("rope_theta") = 0.0f, py::arg("rope_interleaved") = false, py::arg("rope_position_scale") = 0.0f,
+             py::arg("runtime") = nullptr)
         .def("forward", [](const PyLayer &l, const py::object &query_, const py::object &key_, const py::object &value_,
                            bool causal, const py::object &mask_, const py::object &valid_, bool need_weights,
                            const py::object &out_, const std::shared_ptr<mha::Runtime> &runtime, bool copy) -> py::object {
