@@ -6,55 +6,13 @@ import numpy as np
 import pytest
 
 import mha
+from test_core import ref_attention  # the one float64 reference, modifiers included
 
 RNG = np.random.default_rng(11)
 
 
 def rand(*shape):
     return RNG.uniform(-1, 1, size=shape).astype(np.float32)
-
-
-def ref_attention(q, k, v, causal=False, window=0, softcap=0.0, slopes=None, sinks=None, mask=None, scale=None):
-    """q (B, Lq, H, D), k (B, Lk, Hkv, D), v (B, Lk, Hkv, Dv) -> out, weights in float64. Query i is at
-    position p = i + Lk - Lq and key j at j; key j is visible iff j > p - window (window > 0), j <= p
-    (causal) and the mask allows it; s = scale q.k, then s = cap tanh(s / cap), then s += slope[h] (j - p);
-    a sink adds exp(sink[h]) to each row's denominator with no value."""
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    B, Lq, H, D = q.shape
-    Lk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    scale = 1 / np.sqrt(D) if scale is None else scale
-    pos = np.arange(Lq)[:, None] + Lk - Lq
-    j = np.arange(Lk)[None, :]
-    out = np.zeros((B, Lq, H, Dv))
-    weights = np.zeros((B, H, Lq, Lk))
-    for b in range(B):
-        for h in range(H):
-            g = h // (H // Hkv)
-            s = q[b, :, h] @ k[b, :, g].T * scale
-            if softcap:
-                s = softcap * np.tanh(s / softcap)
-            if slopes is not None:
-                s = s + float(slopes[h]) * (j - pos)
-            ok = np.ones((Lq, Lk), dtype=bool)
-            if causal:
-                ok &= j <= pos
-            if window:
-                ok &= j > pos - window
-            if mask is not None:
-                ok &= np.broadcast_to(mask, (B, Lq, Lk))[b].astype(bool)
-            s = np.where(ok, s, -np.inf)
-            m = s.max(axis=1, keepdims=True)
-            if sinks is not None:
-                m = np.maximum(m, float(sinks[h]))
-            m = np.where(np.isfinite(m), m, 0)
-            e = np.where(ok, np.exp(s - m), 0)
-            tot = e.sum(axis=1, keepdims=True)
-            if sinks is not None:
-                tot = tot + np.where(ok.any(axis=1, keepdims=True), np.exp(float(sinks[h]) - m), 0)
-            p = np.divide(e, tot, out=np.zeros_like(e), where=tot > 0)
-            weights[b, h] = p
-            out[b, :, h] = p @ v[b, :, g]
-    return out, weights
 
 
 def close(got, want, tol=1e-5):
