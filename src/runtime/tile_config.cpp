@@ -72,8 +72,16 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // (0.58x at 64K elements, 1.41x at 128K). So a second thread from 16 MFLOP (rejected: 4 MFLOP
     // per thread, 0.8x on sgemm 128^3; 16 MFLOP keeps L 128 attention on one thread, 1.3x slower)
     // and from 128K elements.
+    // AMD EPYC Zen 5 (AVX-512), 2 threads, each call after 300 us of other work on the calling
+    // thread, so the arena's workers have gone to sleep (as between a server's calls; mha-bench's
+    // interleaved rows see the same): sgemm n^3 0.69x at 128^3, 1.11x at 192^3, 1.30x at 256^3;
+    // attention H8 D64 0.80x at L 32, 1.30x at L 64; softmax x128 0.88x at 128K elements, 0.98x at
+    // 256K, 1.08x at 512K, 1.28x at 1M. The flops threshold holds; the softmax one (64K per thread
+    // from Zen 3's back-to-back calls, where the workers were still awake) put the --quick softmax
+    // rows at 0.81-0.93x of 1 thread, so elementwise work takes a second thread from 512K
+    // elements (256K per thread; rejected: 128K, 0.98x at 256K elements).
     t.parallel_min_flops = int64_t{8} << 20;
-    t.parallel_min_elems = int64_t{64} << 10;
+    t.parallel_min_elems = int64_t{256} << 10;
     return t;
 }
 
