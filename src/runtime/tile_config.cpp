@@ -38,6 +38,11 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // AMD EPYC Zen 3 (AVX2, 32 KiB L1d, 512 KiB L2) gives KC = 368, NC = 176 for avx2_6x16; the
     // full mha-tune search there (1 thread, 2026-11-23) scored every other KC (184, 272, 464) and
     // NC (64 to 528) within 0.97-1.01x of these, so they stay.
+    // AMD EPYC Zen 5 (AVX-512, 48 KiB L1d, 1 MiB L2) gives avx512_14x32 KC = 264, NC = 480; its full
+    // mha-tune search (1 thread, 2026-11-23) scored 14x32 KC 128-328 / NC 192-1536 at 0.98-1.01x,
+    // 6x64 KC 80-216 at 0.97-1.02x and 8x48 KC 104-272 at 0.99-1.03x on the projection shapes
+    // (best 8x48 KC 160 NC 384: 1.08x at 2048x1536x512, 0.98x at 1024x512x512), while the attention
+    // ran 0.62-0.84x of the default tiles with 8x48: the defaults stay.
     t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
     // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
