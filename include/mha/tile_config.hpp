@@ -13,6 +13,9 @@ struct CacheSizes {
     int64_t l1d = 48 * 1024;   // bytes, per core
     int64_t l2 = 2048 * 1024;  // bytes, per core
     int64_t l3 = 32 << 20;     // bytes, shared
+    // The CPU, for the defaults that differ by microarchitecture (unknown: false and 0).
+    bool amd = false;
+    int family = 0;  // cpuid's family (base + extended): AMD Zen 3 and 4 0x19, Zen 5 0x1A
 };
 
 struct TileConfig {

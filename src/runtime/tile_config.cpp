@@ -1,5 +1,6 @@
 #include "mha/tile_config.hpp"
 
+#include <cpuid.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,12 @@ CacheSizes detect_cache_sizes() {
     if (long v = sysconf(_SC_LEVEL1_DCACHE_SIZE); v > 0) c.l1d = v;
     if (long v = sysconf(_SC_LEVEL2_CACHE_SIZE); v > 0) c.l2 = v;
     if (long v = sysconf(_SC_LEVEL3_CACHE_SIZE); v > 0) c.l3 = v;
+    unsigned a = 0, b = 0, cx = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &cx, &d)) c.amd = b == 0x68747541 && d == 0x69746e65 && cx == 0x444d4163;  // "AuthenticAMD"
+    if (__get_cpuid(1, &a, &b, &cx, &d)) {
+        const int base = static_cast<int>((a >> 8) & 0xf), ext = static_cast<int>((a >> 20) & 0xff);
+        c.family = base == 0xf ? base + ext : base;
+    }
     return c;
 }
 
@@ -33,6 +40,19 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // still in L1 when the next B panel comes. 48 KiB L1, 14x32 -> KC = 264. Measured at 1024^3
     // and 2048^3: KC 256 beat 176 by 3-5% and 320-432 by 2-4% (A starts to be evicted).
     t.kc = std::clamp<int64_t>(round_down(caches.l1d / ((uk.mr + uk.nr) * f), 8), 64, 1024);
+    // AMD Zen 5 (family 0x1A: AVX-512 on a full 512-bit datapath, 48 KiB L1d, 1 MiB L2): a deeper
+    // block, KC = 512, one pass over C where K <= 512 (the projections) and half as many
+    // elsewhere; its B micro-panel (64 KiB) streams through L1 from L2 and the A micro-panel
+    // (28 KiB) stays. MC: the A block within 2x L2 (1022 rows). NC follows (256). Against
+    // oneDNN, 1 thread, three interleaved runs each, defaults (KC 264, NC 480, MC 4088) -> these:
+    // 1024^3 0.91-0.98x -> 0.95-1.00x, 2048^3 0.86-0.92x -> 0.88-0.98x, 512x512x64 NT
+    // 0.96-0.97x -> 1.03-1.08x, 512x64x512 0.96-1.01x -> 1.02-1.22x, 4096x1536x512 NT
+    // 0.87-0.93x -> 0.92-0.98x, 4096x512x512 NT 0.87-0.96x -> 0.96-0.98x. Rejected: KC 384
+    // (NC 320) and KC 768 (NC 160), within noise of 512 or below it at 2048^3. Intel Xeon (48 KiB
+    // L1d, 2 MiB L2) measured KC 256 ahead of 320-432 (above), and Zen 4's 256-bit datapath is
+    // unmeasured: both keep the formula.
+    const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
+    if (zen5) t.kc = 512;
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
     // 2 MiB L2, KC = 264 -> NC = 992 (a multiple of NR = 32). 256 to 1024 measured within noise.
     // AMD EPYC Zen 3 (AVX2, 32 KiB L1d, 512 KiB L2) gives KC = 368, NC = 176 for avx2_6x16; the
@@ -46,7 +66,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
     // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
-    t.mc = std::clamp<int64_t>(round_down(caches.l3 / 4 / (t.kc * f), uk.mr), uk.mr, 4096 / uk.mr * uk.mr);
+    t.mc = std::clamp<int64_t>(round_down((zen5 ? 2 * caches.l2 : caches.l3 / 4) / (t.kc * f), uk.mr), uk.mr,
+                               4096 / uk.mr * uk.mr);
     // Small problems: with few columns (P.V with Dv <= 64) or a short depth (Q.K^T with Dqk <= KC),
     // packing A costs as much as the product itself, so A is read in place. AVX2 (6x16), Zen 3,
     // 1 thread, against the packed path: n = 64 1.3-1.45x (512x64x512, 2048x64x2048), n = 128
