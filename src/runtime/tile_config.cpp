@@ -43,7 +43,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // AMD Zen 5 (family 0x1A: AVX-512 on a full 512-bit datapath, 48 KiB L1d, 1 MiB L2): a deeper
     // block, KC = 512, one pass over C where K <= 512 (the projections) and half as many
     // elsewhere; its B micro-panel (64 KiB) streams through L1 from L2 and the A micro-panel
-    // (28 KiB) stays. MC: the A block within 2x L2 (1022 rows). NC follows (256). Against
+    // (28 KiB) stays. MC: the A block within 4x L2 (2044 rows; 1022 lost 2-4% at 1024^3, 4088 3-6%
+    // at 2048^3, two runs each at KC 512). NC follows (256). Against
     // oneDNN, 1 thread, three interleaved runs each, defaults (KC 264, NC 480, MC 4088) -> these:
     // 1024^3 0.91-0.98x -> 0.95-1.00x, 2048^3 0.86-0.92x -> 0.88-0.98x, 512x512x64 NT
     // 0.96-0.97x -> 1.03-1.08x, 512x64x512 0.96-1.01x -> 1.02-1.22x, 4096x1536x512 NT
@@ -66,7 +67,7 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
     // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
-    t.mc = std::clamp<int64_t>(round_down((zen5 ? 2 * caches.l2 : caches.l3 / 4) / (t.kc * f), uk.mr), uk.mr,
+    t.mc = std::clamp<int64_t>(round_down((zen5 ? 4 * caches.l2 : caches.l3 / 4) / (t.kc * f), uk.mr), uk.mr,
                                4096 / uk.mr * uk.mr);
     // Small problems: with few columns (P.V with Dv <= 64) or a short depth (Q.K^T with Dqk <= KC),
     // packing A costs as much as the product itself, so A is read in place. AVX2 (6x16), Zen 3,
