@@ -49,6 +49,12 @@ struct Projection {
     const float *bias = nullptr;
 };
 
+#if defined(__clang__)
+#define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+#endif
+
 // Rotary embeddings (RoFormer, Su et al. 2021) on rows of q and k heads. The angles come from a
 // table built once per call for the positions the call has (every head, batch and token at one
 // position share its row), so no sin or cos is taken per element; rotation is in fp32.
@@ -87,6 +93,10 @@ struct RopeTable {
     // cosines are cs[0, half) and sines cs[half, 2 half). Each pair order has its own loop, with
     // its stride known, so the compiler vectorizes both (the same bits: one product each, then
     // one add or subtract, never contracted).
+    // Cloned for AVX-512 and AVX2 (chosen at load time by the CPU); products and sums are never
+    // contracted into FMAs (each product its own statement for clang, whose contraction stays
+    // within one; GCC's is turned off), so every clone gives the same bits.
+    MHA_ROPE_CLONES
     static void rope_rotate(bool interleaved, const float *cs, int64_t half, float *x, int64_t heads, int64_t D) {
         const float *c = cs, *s = cs + half;
         for (int64_t h = 0; h < heads; ++h) {
@@ -94,15 +104,17 @@ struct RopeTable {
             if (interleaved) {  // pairs (y[2d], y[2d + 1])
                 for (int64_t d = 0; d < half; ++d) {
                     const float x1 = y[2 * d], x2 = y[2 * d + 1];
-                    y[2 * d] = x1 * c[d] - x2 * s[d];
-                    y[2 * d + 1] = x2 * c[d] + x1 * s[d];
+                    const float x1c = x1 * c[d], x2s = x2 * s[d], x2c = x2 * c[d], x1s = x1 * s[d];
+                    y[2 * d] = x1c - x2s;
+                    y[2 * d + 1] = x2c + x1s;
                 }
             } else {  // pairs (y[d], y[d + half])
                 float *y2 = y + half;
                 for (int64_t d = 0; d < half; ++d) {
                     const float x1 = y[d], x2 = y2[d];
-                    y[d] = x1 * c[d] - x2 * s[d];
-                    y2[d] = x2 * c[d] + x1 * s[d];
+                    const float x1c = x1 * c[d], x2s = x2 * s[d], x2c = x2 * c[d], x1s = x1 * s[d];
+                    y[d] = x1c - x2s;
+                    y2[d] = x2c + x1s;
                 }
             }
         }
