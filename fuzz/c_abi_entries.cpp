@@ -467,6 +467,8 @@ void fuzz_kv_cache(Input &in) {
             p.scale = in.byte() % 4 ? 0.0f : in.scalar();
             p.causal = in.byte() & 1;
             const uint8_t nulls = in.byte();
+            std::vector<float> slopes, sinks;
+            decode_variant(in, rng, p.num_heads, p.variant, slopes, sinks);  // outputs are compared at 1e-4 either way
             p.seq_ids = nulls % 16 == 1 ? nullptr : ids.data();
             p.q_offsets = nulls % 16 == 2 ? nullptr : qo.data();
             const bool ok_offsets = offsets_valid(qo, p.num_seqs);
@@ -483,6 +485,7 @@ void fuzz_kv_cache(Input &in) {
             std::set<int64_t> distinct(ids.begin(), ids.end());
             if (distinct.size() != ids.size()) fail(E, "attention_cached accepted repeated seq ids");
             if (p.num_heads <= 0 || p.num_heads % Hkv) fail(E, "attention_cached accepted bad num_heads");
+            if (!variant_valid(p.variant, p.num_heads)) fail(E, "attention_cached accepted a bad variant");
             if (tq == 0) {
                 if (!out.untouched()) fail(E, "canary: attention_cached wrote out with no queries");
                 continue;
@@ -499,10 +502,14 @@ void fuzz_kv_cache(Input &in) {
                 if (nq > len) fail(E, "attention_cached accepted more queries than cached tokens");
                 if (nq == 0) continue;
                 mha::ref::AttentionCase c{1, nq, len, p.num_heads, Hkv, D, Dv, scale, p.causal != 0};
+                c.window = p.variant.window;
+                c.softcap = p.variant.softcap;
+                c.alibi = p.variant.alibi_slopes;
+                c.sinks = p.variant.sink_logits;
                 std::vector<double> want;
                 mha::ref::attention(c, q.v.data() + qo[s] * p.num_heads * D, it->second.k.data(), it->second.v.data(), want);
                 const float *o = out.data() + qo[s] * p.num_heads * Dv;
-                if (!well_conditioned(scale)) {
+                if (!well_conditioned(scale) || !variant_conditioned(p.variant, p.num_heads)) {
                     expect_convex(E, o, want.size(), it->second.v);
                     continue;
                 }
