@@ -341,6 +341,22 @@ int64_t seq_id(Input &in) {
 
 } // namespace
 
+// An int8 cache's rows (width w, one per token and KV head) against what was appended: finite,
+// and each value within half a step (max |row| / 254) of it.
+static void expect_rows_quantized(const char *entry, const std::vector<float> &x, const std::vector<float> &got, int64_t w) {
+    for (size_t r = 0; r + static_cast<size_t>(w) <= x.size(); r += static_cast<size_t>(w)) {
+        double most = 0;
+        for (int64_t i = 0; i < w; ++i) {
+            if (!std::isfinite(x[r + static_cast<size_t>(i)])) fail(entry, "an int8 append accepted a non-finite value");
+            most = std::max(most, std::fabs(static_cast<double>(x[r + static_cast<size_t>(i)])));
+        }
+        for (int64_t i = 0; i < w; ++i)
+            if (!(std::fabs(static_cast<double>(got[r + static_cast<size_t>(i)]) - x[r + static_cast<size_t>(i)]) <=
+                  most / 254 * (1 + 1e-5) + 1e-30))
+                fail(entry, "an int8 row came back further than half a step");
+    }
+}
+
 void fuzz_kv_cache(Input &in) {
     const char *E = "mha_kv_cache";
     mha_runtime *rt = pick_runtime(in);
@@ -355,7 +371,7 @@ void fuzz_kv_cache(Input &in) {
     static constexpr int64_t bad_tokens[] = {-1, INT64_MIN, INT64_MAX, INT64_MAX / 2, INT64_MAX / 4 + 1, int64_t{1} << 62};
     cfg.max_tokens = mt < 240 ? mt % 200 : bad_tokens[mt % 6];
     const uint8_t dt = in.byte();
-    const int dtype = dt < 240 ? 0 : (dt % 2 ? 1 : 77);
+    const int dtype = dt < 180 ? 0 : dt < 240 ? 2 : (dt % 2 ? 1 : 77);  // f32, i8, bf16 (unsupported), bad
     std::memcpy(&cfg.dtype, &dtype, sizeof dtype);
     if (mul(mul(cfg.num_kv_heads, add(cfg.head_dim, cfg.value_dim)), cfg.max_tokens > 0 && cfg.max_tokens < 1000 ? cfg.max_tokens : 1) >
         (int64_t{1} << 20))
@@ -375,7 +391,9 @@ void fuzz_kv_cache(Input &in) {
         ~Guard() { mha_kv_cache_destroy(c); }
     } guard{cache};
     const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim, Dv = cfg.value_dim;
-    if (Hkv <= 0 || D <= 0 || Dv <= 0 || cfg.max_tokens < 0 || dtype != 0) fail(E, "create accepted a bad config");
+    if (Hkv <= 0 || D <= 0 || Dv <= 0 || cfg.max_tokens < 0 || (dtype != 0 && dtype != 2))
+        fail(E, "create accepted a bad config");
+    const bool i8 = dtype == 2;
     mha_kv_cache_config got{};
     if (mha_kv_cache_get_config(cache, &got) != MHA_OK || got.num_kv_heads != Hkv || got.head_dim != D || got.value_dim != Dv ||
         got.block_tokens <= 0 || got.max_tokens < cfg.max_tokens)
@@ -407,6 +425,16 @@ void fuzz_kv_cache(Input &in) {
             if (id < 0 || n < 0 || nulls % 32 == 3 || (n > 0 && (k.null || v.null))) fail(E, "append accepted bad arguments");
             if (k.need == kImpossible || v.need == kImpossible) fail(E, "append accepted an impossible size");
             Seq &s = model[id];
+            if (i8 && n > 0) {  // the model holds what the cache holds: each row within half a step
+                const int64_t len = static_cast<int64_t>(s.k.size()) / (Hkv * D);
+                std::vector<float> kw(k.v.size()), vw(v.v.size());
+                if (mha_kv_cache_read(cache, id, len, n, kw.data(), vw.data()) != MHA_OK) fail(E, "read after an int8 append failed");
+                expect_rows_quantized(E, k.v, kw, D);
+                expect_rows_quantized(E, v.v, vw, Dv);
+                s.k.insert(s.k.end(), kw.begin(), kw.end());
+                s.v.insert(s.v.end(), vw.begin(), vw.end());
+                continue;
+            }
             s.k.insert(s.k.end(), k.v.begin(), k.v.end());
             s.v.insert(s.v.end(), v.v.begin(), v.v.end());
         } else if (kind == 3) {  // fork

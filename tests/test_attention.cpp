@@ -531,6 +531,24 @@ TEST_CASE("variant: a window skips whole tiles and chunks, with the bits of the 
     }
 }
 
+TEST_CASE("variant: a window longer than any distance (up to INT64_MAX) is no window, with queries before every key") {
+    // Lq > Lk, causal: the first queries sit before key 0, where position - window + 1 overflowed
+    // int64 and pushed their start past every key (fuzz_c_abi found it).
+    for (const Case c : {Case{"Lq > Lk, causal", 2, 7, 1, 1, 1, 3, 3, true, 0, 0, true},
+                         Case{"Lq > Lk, causal, several tiles", 1, 40, 30, 2, 1, 16, 8, true, 0, 0, true}})
+        for (int64_t window : {int64_t{1} << 40, std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::max()})
+            for (const auto &o : runtimes(1)) {
+                CAPTURE(c.what);
+                CAPTURE(window);
+                Data d = make(c, 61);
+                const Result plain = check_same_bits_1_2_threads(c, d, o);
+                d.p.variant.window = window;
+                const Result r = check_same_bits_1_2_threads(c, d, o);
+                CHECK(test::same_bits(r.out, plain.out));
+                CHECK(test::same_bits(r.w, plain.w));
+            }
+}
+
 TEST_CASE("variant: sinks as gpt-oss computes them, ALiBi as the paper's bias") {
     // gpt-oss (openai/gpt-oss, torch reference): w = softmax(cat([scores, sink]), -1)[..., :-1];
     // out = w V. ALiBi (Press et al.): scores + m_h (j - i), m_h = 2^(-8h/H), causal. Both here in

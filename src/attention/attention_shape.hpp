@@ -84,9 +84,11 @@ struct Shape {
     int64_t q_pos(int64_t b, int64_t i) const { return i + kvlen(b) - qlen(b); }
     // Keys [key_start, key_limit) may be seen by query i (before the boolean mask): the window.
     int64_t key_start(int64_t b, int64_t i) const {
-        if (window <= 0) return 0;
-        const int64_t first = q_pos(b, i) - window + 1;
-        return first < 0 ? 0 : first;
+        const int64_t p = q_pos(b, i);
+        // p - window + 1 without overflow: a window of up to INT64_MAX is valid (found by fuzz_c_abi:
+        // a huge window wrapped the first rows' starts past every key, so no row saw any).
+        if (window <= 0 || window > p) return 0;
+        return p - window + 1;
     }
     // The first key any of queries [i0, i1) can see (the window starts rise with i).
     int64_t key_begin(int64_t b, int64_t i0, int64_t i1) const { return i1 > i0 ? key_start(b, i0) : 0; }

@@ -129,7 +129,7 @@ private:
     template <int R, int C, bool Partial, class T>
     static void block(int64_t n, const float *p, int64_t ldp, const T *v, const Columns &vc, int64_t c0,
                       float *acc, int64_t lda, int64_t tail) {
-        auto load = [tail](const float *x, int c) {
+        auto load = [&](const float *x, int c) {
             if constexpr (Partial)
                 if (c == C - 1) return Tail::load(x, tail, 0.0f);
             return V::load_unaligned(x);
