@@ -91,7 +91,7 @@ void attention(const AttentionCase &c, const T *q, const T *k, const T *v, std::
                     if (c.valid && j >= c.valid[b]) ok = false;
                     if (c.mask && !c.mask[b * c.mbs + i * c.mrs + j]) ok = false;
                     const int64_t pos = i + c.Lk - c.Lq;
-                    if (c.window > 0 && j <= pos - c.window) ok = false;
+                    if (c.window > 0 && pos - j >= c.window) ok = false;  // j <= pos - window, without overflow
                     vis[static_cast<size_t>(j)] = ok;
                     if (!ok) continue;
                     double d = 0;

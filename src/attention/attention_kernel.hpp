@@ -460,18 +460,6 @@ struct FusedAttention {
     // items) one block per KV head.
     static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
-        if (G == 1 && it.kv_heads == 1 && !it.direct) {
-            // One head's rows, evenly strided in Q: packed straight from Q and scaled in place,
-            // one pass less (each value is still multiplied by the scale once).
-            float *dst = w.q_packed;
-            gemm::pack_panels<Arch, MR>(rows_per_head, D, q + s.q_row(it.b, it.i0) * s.ldq + it.g * D, s.ldq, 1, dst);
-            const int64_t n = round_up_to(rows_per_head, MR) * D;
-            const V sc(s.scale);
-            int64_t x = 0;
-            for (; x + W <= n; x += W) (V::load_unaligned(dst + x) * sc).store_unaligned(dst + x);
-            if (x < n) Tail::store(dst + x, n - x, Tail::load(dst + x, n - x, 0.0f) * sc);
-            return;
-        }
         for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
                 const float *src = q + s.q_row(it.b, i) * s.ldq + (it.g * G + hh) * D;
