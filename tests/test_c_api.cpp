@@ -58,6 +58,40 @@ TEST_CASE("mha_runtime_scratch_bytes: none before a call, the call's scratch aft
     mha_runtime_destroy(rt);
 }
 
+TEST_CASE("mha_runtime_scratch_bytes counts the buffers other threads' calls have on loan") {
+    // Found by the soak: the count once summed only the buffers free at that instant, so a query
+    // while other host threads' calls held every buffer read 0 (half the queries in this test).
+    mha_runtime *rt = nullptr;
+    REQUIRE(mha_runtime_create(2, &rt) == MHA_OK);
+    mha_attention_params p{};
+    p.batch = 1; p.q_len = 16; p.kv_len = 64; p.num_heads = 2; p.num_kv_heads = 2; p.head_dim = 32; p.value_dim = 32;
+    std::vector<float> q(16 * 2 * 32, 0.5f), k(64 * 2 * 32, 0.25f), v(64 * 2 * 32, 1.0f), out(16 * 2 * 32);
+    REQUIRE(mha_attention(rt, &p, q.data(), k.data(), v.data(), out.data()) == MHA_OK);
+    uint64_t first = 0;
+    REQUIRE(mha_runtime_scratch_bytes(rt, &first) == MHA_OK);
+    REQUIRE(first > 0);
+    std::atomic<bool> stop{false};
+    std::atomic<int> failures{0};
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 4; ++t)
+        callers.emplace_back([&] {
+            std::vector<float> o(out.size());
+            while (!stop.load())
+                if (mha_attention(rt, &p, q.data(), k.data(), v.data(), o.data()) != MHA_OK) ++failures;
+        });
+    int below = 0;
+    for (int i = 0; i < 20000; ++i) {
+        uint64_t bytes = 0;
+        REQUIRE(mha_runtime_scratch_bytes(rt, &bytes) == MHA_OK);
+        below += bytes < first;  // buffers only grow and are kept
+    }
+    stop = true;
+    for (auto &t : callers) t.join();
+    CHECK(failures.load() == 0);
+    CHECK(below == 0);
+    mha_runtime_destroy(rt);
+}
+
 TEST_CASE("MHA_ISA selects or refuses an ISA") {
     mha_runtime *rt = nullptr;
     setenv("MHA_ISA", "sse9", 1);

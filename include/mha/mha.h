@@ -42,7 +42,8 @@ mha_status mha_runtime_create_with_config(int num_threads, const char *tile_conf
 
 /* *bytes = the scratch the runtime holds between calls. Each call borrows what it needs from the
  * runtime's buffers, which grow to the largest call so far and are kept for the next; the
- * attention's scratch grows with the tiles and threads, not with Lq x Lk. */
+ * attention's scratch grows with the tiles and threads, not with Lq x Lk. The count includes the
+ * buffers other threads' calls have on loan at the time, so it never drops. */
 mha_status mha_runtime_scratch_bytes(const mha_runtime *rt, uint64_t *bytes);
 
 /* C = alpha * op(A) * op(B) + beta * C, row-major; trans is 'N' or 'T'.

@@ -57,7 +57,10 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
     }
     try {
         if (!buf) buf = std::make_unique<AlignedBuffer>();
+        const size_t before = buf->size();
         buf->reserve(count);
+        std::lock_guard lock(mutex_);
+        held_ += (buf->size() - before) * sizeof(float);
     } catch (...) {
         std::lock_guard lock(mutex_);
         --lent_;
@@ -69,9 +72,7 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
 
 size_t BufferPool::bytes() {
     std::lock_guard lock(mutex_);
-    size_t total = 0;
-    for (const auto &b : free_) total += b->size() * sizeof(float);
-    return total;
+    return held_;
 }
 
 void BufferPool::give_back(std::unique_ptr<AlignedBuffer> buf) {

@@ -46,13 +46,16 @@ public:
         std::unique_ptr<AlignedBuffer> buf_;
     };
     Lease borrow(size_t count);
-    size_t bytes();  // of the buffers not lent out now
+    // Of every buffer the pool holds, lent out now or not: a query from one host thread must not
+    // depend on which calls other threads have running at that moment.
+    size_t bytes();
 
 private:
     void give_back(std::unique_ptr<AlignedBuffer> buf);
     std::mutex mutex_;
     std::vector<std::unique_ptr<AlignedBuffer>> free_;
     size_t lent_ = 0;  // buffers out on loan
+    size_t held_ = 0;  // bytes of all the pool's buffers, free and lent
 };
 
 struct RuntimeState {

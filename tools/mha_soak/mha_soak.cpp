@@ -129,9 +129,17 @@ int main(int argc, char **argv) {
             if (!check) return;
             totals.checked.fetch_add(1, std::memory_order_relaxed);
             if (st != c.expected_status || !same_bits(out, c.expected)) {
-                if (totals.wrong.fetch_add(1) < 10)
-                    std::fprintf(stderr, "mha-soak: WRONG: %s (status %d, the lone caller's %d)\n", c.name.c_str(),
-                                 static_cast<int>(st), static_cast<int>(c.expected_status));
+                if (totals.wrong.fetch_add(1) < 10) {
+                    size_t at = 0;  // the first element that differs, so a report can be traced
+                    while (at < out.size() && at < c.expected.size() &&
+                           std::memcmp(&out[at], &c.expected[at], sizeof(float)) == 0)
+                        ++at;
+                    std::fprintf(stderr,
+                                 "mha-soak: WRONG: %s (status %d, the lone caller's %d; first difference at "
+                                 "element %zu of %zu: %.9g, the lone caller's %.9g)\n",
+                                 c.name.c_str(), static_cast<int>(st), static_cast<int>(c.expected_status), at,
+                                 out.size(), at < out.size() ? out[at] : 0.0, at < c.expected.size() ? c.expected[at] : 0.0);
+                }
             }
         };
         // Warm-up: every case once, in an order of this thread's own, checked.
