@@ -24,8 +24,14 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
     if (sx == 1) {
         // The values of one depth step are contiguous (B, or A^T): walk the source row by row, so
         // the reads stream through memory, and deal each row out to the panels.
+        // Rows a page or more apart each start a new page, where the hardware prefetcher has to
+        // learn the stream again before it runs ahead: request a few rows ahead by hand.
+        constexpr int64_t kAhead = 4;
+        const bool far = sp * static_cast<int64_t>(sizeof(float)) >= 2048;
         for (int64_t p = 0; p < kc; ++p) {
             const float *row = src + p * sp;
+            if (far && p + kAhead < kc)
+                for (int64_t x = 0; x < count; x += 16) __builtin_prefetch(row + kAhead * sp + x);
             for (int64_t x0 = 0; x0 < full; x0 += W) std::memcpy(out + x0 * ld + p * W, row + x0, W * sizeof(float));
             if (tail) std::memcpy(out + full * ld + p * W, row + full, static_cast<size_t>(tail) * sizeof(float));
         }
@@ -36,10 +42,15 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
             const int64_t w = count - x0 < W ? count - x0 : W;
             float *panel = out + x0 * ld;
             int64_t p0 = 0;
-            for (; p0 + L <= kc; p0 += L)
+            for (; p0 + L <= kc; p0 += L) {
+                // Each row is its own stream (rows lie a page apart in large operands): ask for
+                // the lines two blocks on.
+                if (p0 + 3 * L <= kc)
+                    for (int64_t x = 0; x < w; ++x) __builtin_prefetch(src + (x0 + x) * sx + p0 + 2 * L);
                 for (int64_t xg = 0; xg < w; xg += L)
                     Transpose<Arch>::block(src + (x0 + xg) * sx + p0, sx, static_cast<int>(w - xg < L ? w - xg : L),
                                            panel + p0 * W + xg, W);
+            }
             for (int64_t x = 0; x < w; ++x)
                 for (int64_t p = p0; p < kc; ++p) panel[p * W + x] = src[(x0 + x) * sx + p];
         }
