@@ -709,6 +709,46 @@ TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cac
     }
 }
 
+TEST_CASE("layer: RoPE's projection blocks shared out over the threads give the bits of one thread") {
+    // 300 tokens = 4 whole blocks of the RoPE projection and a partial one; with parallel_min_flops
+    // = 0 every block is a task, so both threads take blocks (GEMM and rotation) whatever the size.
+    LayerConfig c;
+    c.embed_dim = 64;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.rope.dims = 16;
+    const Weights w = random_weights(c, 93);
+    const int64_t B = 3, L = 100, E = c.embed_dim;
+    const auto x = random_floats(static_cast<size_t>(B * L * E), 94);
+    for (Isa isa : supported_isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        std::vector<std::vector<float>> outs;
+        for (int threads : {1, 2}) {
+            RuntimeOptions o{threads, isa, {}, {}};
+            TileConfig t = default_tile_config(isa, detect_cache_sizes());
+            t.parallel_min_flops = 0;
+            o.tiles = t;
+            Runtime rt(o);
+            Layer layer(rt, c, w.view());
+            LayerForward p;
+            p.batch = B;
+            p.q_len = p.kv_len = L;
+            p.causal = true;
+            std::vector<float> out(x.size());
+            layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
+            outs.push_back(out);
+            // Against one sequence at a time (blocks of 64 + 36 rows, cut elsewhere than in the batch).
+            std::vector<float> alone(x.size());
+            LayerForward one = p;
+            one.batch = 1;
+            for (int64_t b = 0; b < B; ++b)
+                layer.forward(rt, one, x.data() + b * L * E, nullptr, nullptr, alone.data() + b * L * E);
+            CHECK(test::same_bits(alone, out));
+        }
+        CHECK(test::same_bits(outs[0], outs[1]));
+    }
+}
+
 TEST_CASE("layer: bad rope and variant fields get a status naming the field") {
     mha_runtime *rt = nullptr;
     REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);

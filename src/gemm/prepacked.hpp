@@ -30,8 +30,10 @@ PackedB pack_b(detail::RuntimeState &s, int64_t k, int64_t n, const float *b, in
 // B packed; j0 is a multiple of NR. Always the packed loops, so each row of C gets the same bits
 // whatever m is (a sequence alone or inside a batch). Throws mha::Error if B was packed for another
 // microkernel or KC than the runtime's. act: an activation applied to each block of C right after
-// its last depth block, while it is in cache.
+// its last depth block, while it is in cache. one_thread: on the calling thread alone whatever the
+// size (for callers that share the arena's threads out themselves; the same bits either way).
 void sgemm_prepacked(detail::RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b,
-                     int64_t j0, const float *bias, float *c, int64_t ldc, Epilogue act = Epilogue::none);
+                     int64_t j0, const float *bias, float *c, int64_t ldc, Epilogue act = Epilogue::none,
+                     bool one_thread = false);
 
 } // namespace mha::gemm

@@ -80,10 +80,10 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
 // Threads split the JC/IC work, never PC, so every element of C sums its products in the same
 // order for any thread count.
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
-                  Prepacked pre = {}) {
+                  Prepacked pre = {}, bool one_thread = false) {
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr, NR = uk.nr, T = one_thread ? 1 : s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
     const int64_t kc_blk = pre.b ? pre.b->kc : depth_block(t, k), kc_max = std::min(k, kc_blk);
     // Row blocks of equal height too (a multiple of MR), so no block is a sliver: m = 4096 with
     // MC = 4092 would pack every B block a second time for 4 rows.
@@ -227,17 +227,19 @@ void in_arena(RuntimeState &s, double flops, const Fn &fn) {
 }
 
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
-                     const float *bias, float *c, int64_t ldc, Epilogue act) {
+                     const float *bias, float *c, int64_t ldc, Epilogue act, bool one_thread) {
     if (b.kernel != s.sgemm->name || b.kc != depth_block(s.tiles, b.k))
         invalid_argument("the weights were packed for microkernel " + b.kernel + " with depth blocks of " +
                          std::to_string(b.kc) + ", but this runtime uses " + s.sgemm->name + " with " +
                          std::to_string(depth_block(s.tiles, b.k)) + " (kc = " + std::to_string(s.tiles.kc) + ")" +
                          "; build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
-    in_arena(s, 2.0 * m * n * b.k, [&] {
+    auto run = [&] {
         sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias, act},
-                     Prepacked{&b, j0});
-    });
+                     Prepacked{&b, j0}, one_thread);
+    };
+    if (one_thread) return run();
+    in_arena(s, 2.0 * m * n * b.k, run);
 }
 
 void check_sgemm_args(Trans transa, Trans transb, int64_t m, int64_t n, int64_t k, const float *a,

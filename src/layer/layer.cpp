@@ -2,6 +2,9 @@
 // in the GEMM epilogue, the fused attention on the projections where they lie, the output projection).
 #include "mha/layer.hpp"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <bit>
 #include <mutex>
@@ -205,11 +208,28 @@ struct Layer::Impl {
                      const int64_t *positions) const {
         const float *bias = qkv_bias.empty() ? nullptr : qkv_bias.data();
         const int64_t E = cfg.embed_dim, block = positions ? kRopeRows : std::max<int64_t>(tokens, 1);
-        for (int64_t t0 = 0; t0 < tokens; t0 += block) {
-            const int64_t n = std::min(block, tokens - t0);
-            gemm::sgemm_prepacked(st, n, v_off + nv, x + t0 * E, E, qkv, 0, bias, rows + t0 * ld, ld);
+        const int64_t blocks = (tokens + block - 1) / block;
+        auto run_block = [&](int64_t b, bool one_thread) {
+            const int64_t t0 = b * block, n = std::min(block, tokens - t0);
+            gemm::sgemm_prepacked(st, n, v_off + nv, x + t0 * E, E, qkv, 0, bias, rows + t0 * ld, ld, gemm::Epilogue::none,
+                                  one_thread);
             if (positions) rope(n, rows + t0 * ld, ld, positions + t0, n, rows + t0 * ld + k_off, ld, positions + t0);
+        };
+        // With RoPE and several blocks, the threads take whole blocks (GEMM and rotation), so the
+        // rotation is shared out too; each row's projection has the same bits either way.
+        const int threads = blocks > 1 ? st.threads_for(2.0 * static_cast<double>(tokens) * static_cast<double>(v_off + nv) *
+                                                            static_cast<double>(E),
+                                                        st.tiles.parallel_min_flops)
+                                       : 1;
+        if (threads > 1) {
+            st.arena.execute([&] {
+                tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 1), [&](const tbb::blocked_range<int64_t> &r) {
+                    for (int64_t b = r.begin(); b != r.end(); ++b) run_block(b, true);
+                }, tbb::simple_partitioner());
+            });
+            return;
         }
+        for (int64_t b = 0; b < blocks; ++b) run_block(b, false);
     }
 
     const float *norm_w() const { return norm_weight.empty() ? nullptr : norm_weight.data(); }
