@@ -573,13 +573,13 @@ struct FusedAttention {
             const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q), strip.kv_heads, strip.direct};
             const int64_t M = it.rows(s), end = key_end(s, it);
             pack_q(s, q, it, w);
-            start(M, s.value_dim, w.m, w.l, w.acc);
             // The first chunk goes straight into the running state: merging a chunk into an empty
             // state copies it bit for bit (its weights are exp(-inf) = 0 and exp(0) = 1), so this
             // is what the split path computes, without a pass over the accumulator.
             // Chunks before every row's window are skipped: their states would be empty, and
             // merging an empty state changes nothing.
             const int64_t first = s.key_begin(it.b, it.i0, it.i1) / s.kv_chunk * s.kv_chunk;
+            if (first >= end) start(M, s.value_dim, w.m, w.l, w.acc);  // no chunk: every row sees nothing
             for (int64_t c0 = first; c0 < end; c0 += s.kv_chunk) {
                 const int64_t c1 = std::min(end, c0 + s.kv_chunk);
                 if (c0 == first) {
