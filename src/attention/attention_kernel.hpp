@@ -425,17 +425,21 @@ struct FusedAttention {
                                 int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w, int64_t &first) {
         const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n, &first), D = s.head_dim;
         if (cols == 0) return 0;
-        const float *qp = w.q_packed + r0 * D;
+        // The scaled Q rows are read where pack_q left them (MR rows D apart stay in L1): the
+        // microkernel's sums are the same as from packed panels, without the packing.
+        const float *qr = w.q_rows + r0 * D;
         float *sp = w.s + r0 * s.block_k;
+        auto scores = [&](int64_t n_keys, const float *panels, float *dst) {
+            gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, n_keys, D, 0, (n_keys + NR - 1) / NR, qr, D, 1,
+                                                              nullptr, 0, panels, D, dst, s.block_k, 1.0f, 0.0f});
+        };
         if (s.kv_cache && !s.kv_cache->i8) {  // the cache's panels, block by block
             for (int64_t j = first, run; j < cols; j += run) {
                 run = std::min(cols - j, s.kv_cache->run(j0 + j));
-                gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, run, D, qp, s.kv_cache->k_panels(it.b, it.g, j0 + j, D),
-                                                       sp + j, s.block_k, 1.0f, 0.0f);
+                scores(run, s.kv_cache->k_panels(it.b, it.g, j0 + j, D), sp + j);
             }
         } else {
-            gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, cols - first, D, qp, kp + first * D, sp + first, s.block_k,
-                                                   1.0f, 0.0f);
+            scores(cols - first, kp + first * D, sp + first);
             if (s.kv_cache)
                 scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0 + first, cols - first, sp + first, 0, r1 - r0, s.block_k);
         }
@@ -466,6 +470,7 @@ struct FusedAttention {
                 float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
                 for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
             }
+        if (!it.direct) return;  // panel_scores reads the rows in place
         const int64_t Mg = G * rows_per_head;
         for (int64_t h = 0; h < it.kv_heads; ++h) {
             if (it.direct && !s.kv_cache)  // DirectTiles::scores takes the rows across the lanes
