@@ -514,8 +514,12 @@ struct FusedAttention {
             // the fold to P V (a whole tile of scores is M x block_k floats: 112 KiB by default).
             const float *kp = kv.k(s, k, it, j0, n, w);
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
-            for (int64_t r0 = 0; r0 < M; r0 += MR) {
-                const int64_t r1 = std::min(M, r0 + MR);
+            // The rows in panels of nearly equal height (128 rows: 8 x 13 + 2 x 12, not 9 x 14 + 2):
+            // a panel of a few rows has too few independent sums to keep the FMA units busy. A
+            // row's sums do not depend on the panel it is in.
+            const int64_t panels = (M + MR - 1) / MR, tall = M % panels, base = M / panels;
+            for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
+                r1 = r0 + base + (p < tall ? 1 : 0);
                 int64_t first = 0;
                 const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w, first);
                 // Past `cols` (and before `first`) every score of the panel would be -inf: folding
