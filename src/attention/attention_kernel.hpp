@@ -451,6 +451,8 @@ struct FusedAttention {
     static void mask_rows(const Shape &s, const Item &it, int64_t r0, int64_t r1, int64_t rows_per_head, int64_t j0,
                           int64_t first, int64_t n, const ItemScratch &w) {
         const bool modified = s.softcap != 0.0f || s.alibi;
+        // Nothing to do for a call without masks or modifiers whose keys all exist.
+        if (!modified && !s.mask && !s.valid_lens && !s.causal && s.window <= 0 && j0 + n <= s.kvlen(it.b)) return;
         for (int64_t r = r0; r < r1; ++r) {
             const int64_t i = it.i0 + r % rows_per_head;
             float *row = w.s + r * s.block_k + first;
