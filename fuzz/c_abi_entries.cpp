@@ -280,6 +280,10 @@ void fuzz_varlen(Input &in) {
     p.causal = in.byte() & 1;
     const uint8_t nulls = in.byte();
     Rng rng{in.seed()};
+    // The score modifiers, after every other field (older inputs decode as before); outputs are
+    // compared at 1e-4 with or without them.
+    std::vector<float> slopes, sinks;
+    decode_variant(in, rng, p.num_heads, p.variant, slopes, sinks);
     const bool valid = offsets_valid(qo, p.num_seqs) && offsets_valid(ko, p.num_seqs);
     const int64_t tq = valid ? qo[static_cast<size_t>(p.num_seqs)] : 0, tk = valid ? ko[static_cast<size_t>(p.num_seqs)] : 0;
     p.q_offsets = nulls % 16 == 6 ? nullptr : qo.data();
@@ -293,6 +297,8 @@ void fuzz_varlen(Input &in) {
     const mha_status st = mha_attention_varlen(rt, nulls % 32 == 5 ? nullptr : &p, q.ptr(), k.ptr(), v.ptr(), out.ptr());
     if (!check_status(E, st, {&out})) return;
     if (!rt || nulls % 32 == 5) fail(E, "accepted a NULL runtime or params");
+    // (a call past the NULL checks validates the variant, with or without queries or sequences)
+    if (p.num_heads > 0 && !variant_valid(p.variant, p.num_heads)) fail(E, "accepted a bad variant (window, softcap, slopes or sinks)");
     if (!valid) {
         if (p.num_seqs == 0) return;  // the offsets are not read
         fail(E, "accepted broken offsets");
@@ -312,12 +318,17 @@ void fuzz_varlen(Input &in) {
         const int64_t k0 = ko[static_cast<size_t>(s)], nk = ko[static_cast<size_t>(s) + 1] - k0;
         if (nq == 0) continue;
         mha::ref::AttentionCase c{1, nq, nk, p.num_heads, p.num_kv_heads, p.head_dim, p.value_dim, scale, p.causal != 0};
+        // Positions per sequence (mha.h): key j at j, query i at i + nk - nq, as the reference has them.
+        c.window = p.variant.window;
+        c.softcap = p.variant.softcap;
+        c.alibi = p.variant.alibi_slopes;
+        c.sinks = p.variant.sink_logits;
         std::vector<double> want;
         mha::ref::attention(c, q.v.data() + q0 * p.num_heads * p.head_dim,
                             k.v.data() + (nk ? k0 * p.num_kv_heads * p.head_dim : 0),
                             v.v.data() + (nk ? k0 * p.num_kv_heads * p.value_dim : 0), want);
         const float *o = out.data() + q0 * p.num_heads * p.value_dim;
-        if (!well_conditioned(scale)) {
+        if (!well_conditioned(scale) || !variant_conditioned(p.variant, p.num_heads)) {
             expect_convex(E, o, want.size(), v.v);
             continue;
         }

@@ -256,7 +256,7 @@ inline bool decode_variant(Input &in, Rng &rng, int64_t num_heads, mha_attention
 // slope that is not finite, a sink that is NaN or +inf.
 inline bool variant_valid(const mha_attention_variant &v, int64_t num_heads) {
     if (v.window < 0 || !std::isfinite(v.softcap) || v.softcap < 0) return false;
-    for (int64_t h = 0; h < num_heads; ++h) {
+    for (int64_t h = 0; (v.alibi_slopes || v.sink_logits) && h < num_heads; ++h) {  // (no arrays: no loop over a huge count)
         if (v.alibi_slopes && !std::isfinite(v.alibi_slopes[h])) return false;
         if (v.sink_logits && (std::isnan(v.sink_logits[h]) || v.sink_logits[h] == INFINITY)) return false;
     }
@@ -266,7 +266,7 @@ inline bool variant_valid(const mha_attention_variant &v, int64_t num_heads) {
 // Whether the reference comparison is meaningful: slopes within 1 and sinks within 64 (else a
 // bias or a sink of 1e30 decides near ties differently in fp32 and double).
 inline bool variant_conditioned(const mha_attention_variant &v, int64_t num_heads) {
-    for (int64_t h = 0; h < num_heads; ++h) {
+    for (int64_t h = 0; (v.alibi_slopes || v.sink_logits) && h < num_heads; ++h) {
         if (v.alibi_slopes && std::fabs(v.alibi_slopes[h]) > 1) return false;
         if (v.sink_logits && std::fabs(v.sink_logits[h]) > 64 && v.sink_logits[h] != -INFINITY) return false;
     }

@@ -1,6 +1,8 @@
 // The C ABI fuzzer: the attention layer (create, forward, forward_varlen, forward_cached over a KV
 // cache) and the encoder layer (create, forward, forward_varlen), against a double reference built
-// from tests/reference.hpp (linear, attention, layer_norm).
+// from tests/reference.hpp (linear, attention, layer_norm), with the config's score modifiers and
+// RoPE. Those are decoded after every other field of the entry (older inputs decode as before), so
+// each entry decodes all its arguments first and creates its layer just before the first call.
 #include <map>
 #include <set>
 
@@ -16,6 +18,11 @@ struct LayerShape {
     int64_t E = 0, H = 0, Hkv = 0, hd = 0, vd = 0, kd = 0, vdim = 0;
     double eps = 1e-5;
     bool plausible = false;  // every resolved size positive (else create must fail)
+    // The score modifiers and RoPE (decode_modifiers; none until it runs).
+    std::vector<float> slopes, sinks;   // c.variant's arrays point here
+    bool mods_valid = true;             // else create must fail
+    bool mods_conditioned = true;       // else the outputs are not compared with the reference
+    bool mods_any = false;              // some modifier changes the scores (softcap, ALiBi, RoPE)
 };
 
 LayerShape decode_layer(Input &in, bool self_only) {
@@ -51,6 +58,67 @@ LayerShape decode_layer(Input &in, bool self_only) {
     s.plausible = s.E > 0 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0 && s.hd > 0 && s.vd > 0 && s.kd > 0 && s.vdim > 0 &&
                   dtype == 0 && c.norm >= 0 && c.norm <= 2 && c.norm_eps >= 0.0f;
     return s;
+}
+
+// The config's variant (c_abi_fuzz.hpp's decode_variant) and RoPE, read after every other field of
+// the entry. RoPE: dims mostly even in [2, head_dim], sometimes head_dim itself, odd, negative or
+// past head_dim; theta and position_scale mostly ordinary, sometimes negative, NaN or infinite.
+void decode_modifiers(Input &in, Rng &rng, LayerShape &s) {
+    mha_layer_config &c = s.c;
+    s.slopes.clear();
+    s.sinks.clear();
+    c.variant = mha_attention_variant{};
+    c.rope = mha_rope{};
+    const bool scores = decode_variant(in, rng, s.H, c.variant, s.slopes, s.sinks);
+    const uint8_t sel = in.byte();
+    if (sel & 1) {
+        const uint8_t d = in.byte(), t = in.byte(), ps = in.byte();
+        const int64_t hd = s.hd, half = hd > 1 && hd <= 4096 ? hd / 2 : 1;
+        const int64_t odd_dims[8] = {hd, -2, 1, 3, hd < (int64_t{1} << 40) ? hd + 2 : -4, hd < (int64_t{1} << 40) ? hd + 1 : 5,
+                                     INT64_MIN, 0};
+        c.rope.dims = d < 224 ? 2 * (1 + d % half) : odd_dims[d % 8];
+        static constexpr float thetas[16] = {0.0f, 10000.0f, 100.0f, 10.0f, 2.0f, 1e6f, 0.5f, 500000.0f,
+                                             0.0f, 10000.0f, 1.0f, 3.0f, -1.0f, NAN, INFINITY, -INFINITY};
+        c.rope.theta = t < 240 ? thetas[t % 12] : thetas[12 + t % 4];
+        static constexpr float scales[16] = {0.0f, 1.0f, 0.5f, 0.25f, 2.0f, 4.0f, 0.125f, 0.0f,
+                                             1.0f, 1.0f, 3.0f, 0.75f, -1.0f, NAN, INFINITY, -0.5f};
+        c.rope.position_scale = ps < 240 ? scales[ps % 12] : scales[12 + ps % 4];
+        c.rope.interleaved = sel >> 1 & 1;
+    }
+    const mha_rope &r = c.rope;
+    // mha.h: dims even in [0, head_dim], theta not negative, NaN or infinite; the library also
+    // refuses a negative or non-finite position_scale (src/layer/layer.cpp, LayerConfig::resolved).
+    s.mods_valid = variant_valid(c.variant, s.H) && r.dims >= 0 && r.dims % 2 == 0 && r.dims <= s.hd &&
+                   std::isfinite(r.theta) && r.theta >= 0.0f && std::isfinite(r.position_scale) && r.position_scale >= 0.0f;
+    s.mods_conditioned = variant_conditioned(c.variant, s.H);
+    s.mods_any = scores || r.dims != 0;
+}
+
+// RoPE on rows of a projection in double: x [tokens, heads * hd], token t at position pos0 + t. The
+// first dims of every head turn pairwise by the angle pos * position_scale * theta^(-2d/dims); the
+// angle itself is taken as mha.h has it, in fp32 (as PyTorch's reference code), since at hundreds of
+// radians its fp32 rounding (~1e-5) is more than the comparison could absorb; the rotation is in
+// double.
+void rope_ref(const LayerShape &s, std::vector<double> &x, int64_t tokens, int64_t heads, int64_t pos0) {
+    const mha_rope &r = s.c.rope;
+    if (r.dims == 0) return;
+    const int64_t half = r.dims / 2;
+    const float theta = r.theta != 0.0f ? r.theta : 10000.0f, scale = r.position_scale != 0.0f ? r.position_scale : 1.0f;
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t d = 0; d < half; ++d) {
+            const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * d) / static_cast<float>(r.dims));
+            const float pos = static_cast<float>(pos0 + t) * scale;
+            const float angle = pos * inv_freq;
+            const double c = std::cos(static_cast<double>(angle)), sn = std::sin(static_cast<double>(angle));
+            // pairs (x[d], x[d + dims/2]) (rotate_half), or (x[2d], x[2d + 1]) when interleaved
+            const int64_t i1 = r.interleaved ? 2 * d : d, i2 = r.interleaved ? 2 * d + 1 : d + half;
+            for (int64_t h = 0; h < heads; ++h) {
+                double *y = x.data() + (t * heads + h) * s.hd;
+                const double x1 = y[i1], x2 = y[i2];
+                y[i1] = x1 * c - x2 * sn;
+                y[i2] = x2 * c + x1 * sn;
+            }
+        }
 }
 
 struct LayerWeights {
@@ -112,11 +180,19 @@ std::vector<double> attend(const LayerShape &s, const LayerWeights &lw, const st
                            const std::vector<double> &k_rows, const std::vector<double> &v_rows, int64_t lk, bool causal,
                            const int32_t *valid, const uint8_t *mask, int64_t mrs, std::vector<double> *weights,
                            std::vector<double> *mag = nullptr) {
-    const auto Q = mha::ref::linear(q_rows.data(), lq, s.E, lw.wq.v.data(), opt(lw.bq), s.H * s.hd);
-    const auto K = mha::ref::linear(k_rows.data(), lk, s.kd, lw.wk.v.data(), opt(lw.bk), s.Hkv * s.hd);
+    auto Q = mha::ref::linear(q_rows.data(), lq, s.E, lw.wq.v.data(), opt(lw.bq), s.H * s.hd);
+    auto K = mha::ref::linear(k_rows.data(), lk, s.kd, lw.wk.v.data(), opt(lw.bk), s.Hkv * s.hd);
     const auto V = mha::ref::linear(v_rows.data(), lk, s.vdim, lw.wv.v.data(), opt(lw.bv), s.Hkv * s.vd);
+    // Positions (mha.h): query i at i + lk - lq, key j at j; for the cached layer, where the lq new
+    // tokens are the last of lk, that is each token's index in its sequence.
+    rope_ref(s, Q, lq, s.H, lk - lq);
+    rope_ref(s, K, lk, s.Hkv, 0);
     mha::ref::AttentionCase c{1, lq, lk, s.H, s.Hkv, s.hd, s.vd, 1.0 / std::sqrt(static_cast<double>(s.hd)), causal,
                               valid, mask, 0, mrs};
+    c.window = s.c.variant.window;
+    c.softcap = s.c.variant.softcap;
+    c.alibi = s.c.variant.alibi_slopes;
+    c.sinks = s.c.variant.sink_logits;
     std::vector<double> O;
     mha::ref::attention(c, Q.data(), K.data(), V.data(), O, weights);
     if (mag) {  // what the output projection sums, in magnitude: its rounding error scales with it
@@ -159,15 +235,30 @@ std::vector<double> layer_ref(const LayerShape &s, const LayerWeights &lw, const
     return norm_rows(f, lq, s.E, lw.nw, lw.nb, s.eps, &tol);
 }
 
+// The layer's rows against the reference; with a variant too ill-conditioned for that (slopes past 1,
+// sinks past 64, as for mha_attention) only what holds under any rounding: finite inputs give finite
+// outputs.
 void compare_rows(const char *E, const char *what, const float *got, const std::vector<double> &want, int64_t width,
-                  const std::vector<double> &tol) {
+                  const std::vector<double> &tol, const LayerShape &s) {
+    if (!s.mods_conditioned) {
+        for (size_t i = 0; i < want.size(); ++i)
+            if (!std::isfinite(got[i])) {
+                std::fprintf(stderr, "mha-fuzz: %s: %s[%zu] = %g from finite inputs\n", E, what, i, got[i]);
+                fail(E, "a non-finite output");
+            }
+        return;
+    }
     for (size_t i = 0; i < want.size(); ++i) expect_close(E, what, got[i], want[i], tol[i / static_cast<size_t>(width)]);
 }
 
-mha_layer *create_layer(Input &in, mha_runtime *rt, LayerShape &s, LayerWeights &lw, Rng &rng, const char *E) {
+// The arguments of create (the weights, the NULL choices), decoded; create_layer makes the call.
+uint8_t decode_create(Input &in, const LayerShape &s, LayerWeights &lw, Rng &rng) {
     make_weights(s, in, rng, lw);
+    return in.byte();
+}
+
+mha_layer *create_layer(mha_runtime *rt, LayerShape &s, LayerWeights &lw, uint8_t nulls, const char *E) {
     mha_layer *layer = reinterpret_cast<mha_layer *>(8);
-    const uint8_t nulls = in.byte();
     const mha_status st = mha_layer_create(nulls % 32 == 1 ? nullptr : rt, nulls % 32 == 2 ? nullptr : &s.c,
                                            nulls % 32 == 3 ? nullptr : &lw.w, &layer);
     if (st != MHA_OK) {
@@ -177,6 +268,7 @@ mha_layer *create_layer(Input &in, mha_runtime *rt, LayerShape &s, LayerWeights 
     }
     if (!rt || (nulls % 32 != 0 && nulls % 32 <= 3)) fail(E, "create accepted NULL arguments");
     if (!s.plausible || !weights_complete(lw)) fail(E, "create accepted a bad config or missing weights");
+    if (!s.mods_valid) fail(E, "create accepted a bad variant or rope");
     return layer;
 }
 
@@ -247,10 +339,9 @@ void fuzz_layer(Input &in) {
         count({p.batch, add(p.q_len, f.lk), add(add(s.E, s.kd), s.vdim), s.H, add(s.hd, s.vd)}) > (int64_t{1} << 18))
         throw Skip{};
     LayerWeights lw;
-    mha_layer *layer = create_layer(in, rt, s, lw, rng, E);
-    if (!layer) return;
-    LayerGuard guard{layer};
+    const uint8_t create_nulls = decode_create(in, s, lw, rng);
     const uint8_t mode = in.byte();
+    LayerGuard guard{nullptr};
     if (mode % 4 == 3) {  // forward_varlen: self-attention over a ragged batch
         const int64_t n = in.small(4);
         std::vector<int64_t> off(static_cast<size_t>(n + 1), 0);
@@ -263,6 +354,9 @@ void fuzz_layer(Input &in) {
         Out out(count({total, s.E}), in.flag(32));
         out.save();
         const bool causal = in.flag();
+        decode_modifiers(in, rng, s);
+        mha_layer *layer = guard.l = create_layer(rt, s, lw, create_nulls, E);
+        if (!layer) return;
         const mha_status st = mha_layer_forward_varlen(rt, layer, n, off.data(), causal, x.ptr(), out.ptr());
         if (!check_status(E, st, {&out})) return;
         if (!ok || s.kd != s.E || s.vdim != s.E) fail(E, "forward_varlen accepted broken offsets or a cross-attention layer");
@@ -274,7 +368,7 @@ void fuzz_layer(Input &in) {
             std::vector<double> tol;
             const float *xs = x.v.data() + r0 * s.E;
             const auto want = layer_ref(s, lw, xs, len, xs, xs, len, true, causal, nullptr, nullptr, 0, nullptr, tol);
-            compare_rows(E, "varlen out", out.data() + r0 * s.E, want, s.E, tol);
+            compare_rows(E, "varlen out", out.data() + r0 * s.E, want, s.E, tol, s);
         }
         return;
     }
@@ -290,6 +384,9 @@ void fuzz_layer(Input &in) {
     const float *vp = self ? (self_as_query ? query.ptr() : nullptr) : (nulls % 32 == 4 ? nullptr : value.ptr());
     out.save();
     w.save();
+    decode_modifiers(in, rng, s);
+    mha_layer *layer = guard.l = create_layer(rt, s, lw, create_nulls, E);
+    if (!layer) return;
     const mha_status st = mha_layer_forward(nulls % 32 == 5 ? nullptr : rt, layer, nulls % 32 == 6 ? nullptr : &p, query.ptr(), kp, vp,
                                             out.ptr());
     if (!check_status(E, st, {&out, &w})) return;
@@ -313,9 +410,11 @@ void fuzz_layer(Input &in) {
                                     p.kv_valid_lens ? p.kv_valid_lens + b : nullptr,
                                     p.mask ? p.mask + b * p.mask_batch_stride : nullptr, p.mask_row_stride,
                                     p.weights ? &wts : nullptr, tol);
-        compare_rows(E, "out", out.data() + b * Lq * s.E, want, s.E, tol);
-        if (p.weights)
-            for (size_t i = 0; i < wts.size(); ++i) expect_close(E, "weights", w.data()[b * s.H * Lq * Lk + static_cast<int64_t>(i)], wts[i], 1e-5);
+        compare_rows(E, "out", out.data() + b * Lq * s.E, want, s.E, tol, s);
+        // (a cap, a bias or a rotation adds its own fp32 rounding to each score)
+        if (p.weights && s.mods_conditioned)
+            for (size_t i = 0; i < wts.size(); ++i)
+                expect_close(E, "weights", w.data()[b * s.H * Lq * Lk + static_cast<int64_t>(i)], wts[i], s.mods_any ? 2e-5 : 1e-5);
     }
 }
 
@@ -327,13 +426,44 @@ void fuzz_layer_cached(Input &in) {
     Rng rng{in.seed()};
     if (count({s.E, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 12)) throw Skip{};
     LayerWeights lw;
-    mha_layer *layer = create_layer(in, rt, s, lw, rng, E);
-    if (!layer) return;
-    LayerGuard guard{layer};
+    const uint8_t create_nulls = decode_create(in, s, lw, rng);
     mha_kv_cache_config cfg{s.Hkv, s.hd, s.vd, 0, 64 + in.small(100), MHA_F32};
     const uint8_t mismatch = in.byte();
-    if (mismatch % 16 == 1) cfg.head_dim += 1;
-    if (mismatch % 16 == 2) cfg.num_kv_heads += 1;
+    // (computed before create now, so also for a hostile head count that create refuses)
+    if (mismatch % 16 == 1 && cfg.head_dim < INT64_MAX) cfg.head_dim += 1;
+    if (mismatch % 16 == 2 && cfg.num_kv_heads < INT64_MAX) cfg.num_kv_heads += 1;
+    // Up to 5 calls, each decoded in full before any runs (so that the modifiers, read after them,
+    // can go into the layer's config).
+    struct Step {
+        std::vector<int64_t> ids, off;
+        bool ok = false;
+        int64_t total = 0;
+        int causal = 0;
+        uint8_t nulls = 0;
+        In x;
+        Out out;
+    };
+    std::vector<Step> steps;
+    for (int step = 0; step < 5 && in.left() > 0; ++step) {
+        Step &d = steps.emplace_back();
+        const int64_t num_seqs = in.small(3);
+        d.ids.resize(static_cast<size_t>(num_seqs));
+        for (auto &id : d.ids) id = in.small(3);
+        d.off.assign(d.ids.size() + 1, 0);
+        for (size_t i = 0; i < d.ids.size(); ++i) d.off[i + 1] = d.off[i] + in.small(5);
+        if (in.flag(16)) d.off[in.byte() % d.off.size()] = in.dim();
+        d.ok = d.off[0] == 0;
+        for (size_t i = 0; i < d.ids.size(); ++i) d.ok = d.ok && d.off[i + 1] >= d.off[i];
+        d.total = d.ok ? d.off.back() : 0;
+        d.causal = in.byte() & 1;
+        d.nulls = in.byte();
+        d.x = In(count({d.total, s.E}), rng, d.nulls % 32 == 1);
+        d.out = Out(count({d.total, s.E}), d.nulls % 32 == 2);
+    }
+    decode_modifiers(in, rng, s);
+    mha_layer *layer = create_layer(rt, s, lw, create_nulls, E);
+    if (!layer) return;
+    LayerGuard guard{layer};
     mha_kv_cache *cache = nullptr;
     if (mha_kv_cache_create(rt, &cfg, &cache) != MHA_OK) return;
     struct Guard {
@@ -341,23 +471,18 @@ void fuzz_layer_cached(Input &in) {
         ~Guard() { mha_kv_cache_destroy(c); }
     } cg{cache};
     std::map<int64_t, std::vector<float>> history;  // each sequence's x rows so far
-    for (int step = 0; step < 5 && in.left() > 0; ++step) {
+    for (Step &d : steps) {
         mha_layer_cached_params p{};
-        p.num_seqs = in.small(3);
-        std::vector<int64_t> ids(static_cast<size_t>(p.num_seqs));
-        for (auto &id : ids) id = in.small(3);
-        std::vector<int64_t> off(ids.size() + 1, 0);
-        for (size_t i = 0; i < ids.size(); ++i) off[i + 1] = off[i] + in.small(5);
-        if (in.flag(16)) off[in.byte() % off.size()] = in.dim();
-        bool ok = off[0] == 0;
-        for (size_t i = 0; i < ids.size(); ++i) ok = ok && off[i + 1] >= off[i];
-        const int64_t total = ok ? off.back() : 0;
+        p.num_seqs = static_cast<int64_t>(d.ids.size());
+        const std::vector<int64_t> &ids = d.ids, &off = d.off;
+        const bool ok = d.ok;
+        const int64_t total = d.total;
         p.seq_ids = ids.data();
         p.q_offsets = off.data();
-        p.causal = in.byte() & 1;
-        const uint8_t nulls = in.byte();
-        In x(count({total, s.E}), rng, nulls % 32 == 1);
-        Out out(count({total, s.E}), nulls % 32 == 2);
+        p.causal = d.causal;
+        const uint8_t nulls = d.nulls;
+        In &x = d.x;
+        Out &out = d.out;
         out.save();
         int64_t free_before = 0;
         mha_kv_cache_free_tokens(cache, &free_before);
@@ -390,7 +515,7 @@ void fuzz_layer_cached(Input &in) {
             if (norm != MHA_NORM_NONE)
                 for (size_t j = 0; j < fx.size(); ++j) fx[j] += X[j];
             if (norm == MHA_NORM_POST) fx = norm_rows(fx, n, s.E, lw.nw, lw.nb, s.eps, &tol);
-            compare_rows(E, "cached out", out.data() + off[i] * s.E, fx, s.E, tol);
+            compare_rows(E, "cached out", out.data() + off[i] * s.E, fx, s.E, tol, s);
         }
     }
 }
@@ -418,20 +543,28 @@ void fuzz_encoder(Input &in) {
     for (In *t : {&w1, &w2})
         for (auto &x : t->v) x *= 0.25f;
     mha_encoder_weights ew{lw.w, w1.ptr(), b1.ptr(), w2.ptr(), b2.ptr(), n2w.ptr(), n2b.ptr()};
-    mha_encoder_layer *layer = reinterpret_cast<mha_encoder_layer *>(8);
-    const mha_status cst = mha_encoder_layer_create(rt, &cfg, nulls % 32 == 3 ? nullptr : &ew, &layer);
-    if (cst != MHA_OK) {
-        if (cst == MHA_INTERNAL || !mha_last_error()[0]) fail(E, "create failed without a proper status and message");
-        if (layer) fail(E, "a failed create left *out set");
-        return;
-    }
     struct Guard {
-        mha_encoder_layer *l;
+        mha_encoder_layer *l = nullptr;
         ~Guard() { mha_encoder_layer_destroy(l); }
-    } guard{layer};
-    if (!rt || nulls % 32 == 3 || !s.plausible || !weights_complete(lw) || s.c.norm == MHA_NORM_NONE || cfg.ffn_dim <= 0 ||
-        cfg.activation < 0 || cfg.activation > 1 || w1.null || w2.null || w1.need == kImpossible || w2.need == kImpossible)
-        fail(E, "create accepted a bad config or missing weights");
+    } guard;
+    // Called once every argument is decoded: the modifiers, then create (NULL if it failed as it should).
+    auto create = [&]() -> mha_encoder_layer * {
+        decode_modifiers(in, rng, s);
+        cfg.attention = s.c;
+        mha_encoder_layer *layer = reinterpret_cast<mha_encoder_layer *>(8);
+        const mha_status cst = mha_encoder_layer_create(rt, &cfg, nulls % 32 == 3 ? nullptr : &ew, &layer);
+        if (cst != MHA_OK) {
+            if (cst == MHA_INTERNAL || !mha_last_error()[0]) fail(E, "create failed without a proper status and message");
+            if (layer) fail(E, "a failed create left *out set");
+            return nullptr;
+        }
+        guard.l = layer;
+        if (!rt || nulls % 32 == 3 || !s.plausible || !weights_complete(lw) || s.c.norm == MHA_NORM_NONE || cfg.ffn_dim <= 0 ||
+            cfg.activation < 0 || cfg.activation > 1 || w1.null || w2.null || w1.need == kImpossible || w2.need == kImpossible)
+            fail(E, "create accepted a bad config or missing weights");
+        if (!s.mods_valid) fail(E, "create accepted a bad variant or rope");
+        return layer;
+    };
     const int64_t F = cfg.ffn_dim;
     auto reference = [&](const float *x, int64_t lq, const int32_t *valid, const uint8_t *mask, int64_t mrs, bool causal,
                          std::vector<double> &tol) {
@@ -479,6 +612,8 @@ void fuzz_encoder(Input &in) {
         if (in_place) out.fill(rng);
         const std::vector<float> x0 = in_place ? std::vector<float>(out.data(), out.data() + out.len()) : x.v;
         out.save();
+        mha_encoder_layer *layer = create();
+        if (!layer) return;
         const mha_status st = mha_encoder_layer_forward_varlen(rt, layer, n, off.data(), causal, in_place ? out.ptr() : x.ptr(), out.ptr());
         if (!check_status(E, st, {&out})) return;
         if (!ok) fail(E, "forward_varlen accepted broken offsets");
@@ -487,7 +622,7 @@ void fuzz_encoder(Input &in) {
             if (!len) continue;
             std::vector<double> tol;
             const auto want = reference(x0.data() + r0 * s.E, len, nullptr, nullptr, 0, causal, tol);
-            compare_rows(E, "varlen out", out.data() + r0 * s.E, want, s.E, tol);
+            compare_rows(E, "varlen out", out.data() + r0 * s.E, want, s.E, tol, s);
         }
         return;
     }
@@ -500,6 +635,8 @@ void fuzz_encoder(Input &in) {
     std::vector<float> wbuf(4);
     if (mode & 128) p.weights = wbuf.data();  // must be refused
     out.save();
+    mha_encoder_layer *layer = create();
+    if (!layer) return;
     const mha_status st = mha_encoder_layer_forward(rt, layer, &p, in_place ? out.ptr() : x.ptr(), out.ptr());
     if (!check_status(E, st, {&out})) return;
     if (p.weights) fail(E, "forward accepted weights");
@@ -515,7 +652,7 @@ void fuzz_encoder(Input &in) {
         std::vector<double> tol;
         const auto want = reference(x0.data() + b * Lq * s.E, Lq, p.kv_valid_lens ? p.kv_valid_lens + b : nullptr,
                                     p.mask ? p.mask + b * p.mask_batch_stride : nullptr, p.mask_row_stride, p.causal != 0, tol);
-        compare_rows(E, "out", out.data() + b * Lq * s.E, want, s.E, tol);
+        compare_rows(E, "out", out.data() + b * Lq * s.E, want, s.E, tol, s);
     }
 }
 

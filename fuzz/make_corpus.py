@@ -91,6 +91,34 @@ def main():
         put("c_abi", "entry%d_crafted" % entry, bytes(head) + seed + bytes(rnd.randrange(100) for _ in range(40)))
         put("c_abi", "entry%d_random" % entry, bytes([entry]) + bytes(rnd.randrange(216) for _ in range(64)))
 
+    # The score modifiers and RoPE, decoded after every other field of their entry (each byte
+    # commented; SEED stands for the 8 bytes of the tensors' generator).
+    SEED = [0x5e, 0xed, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab]
+    variants = {
+        # varlen: runtime 0, 2 sequences of 5 and 7 queries over 7 and 9 keys, 2 KV heads x 2
+        # (h = 4), head_dim 8, default scale, causal; then window 4, softcap 20.5, ALiBi and sinks
+        # (4 heads, slopes and sinks from the generator).
+        "entry3_variant": [3, 0, 2, 5, 7, 1, 7, 9, 1, 1, 2, 1, 8, 1, 1, 1, 0] + SEED + [1 | 4 | 16 | 32, 3, 20, 1, 1, 1, 1, 1, 1, 1, 1],
+        # layer forward: 2 heads, E 8 (head_dim 4), pre-norm, self-attention, batch 2 of 6 tokens,
+        # causal, all biases, weights out; then window 4 and sinks, RoPE over all 4 dims (rotate_half,
+        # theta 10000, position_scale 1).
+        "entry5_rope_variant": [5, 0, 2, 3, 1 | 4 | 8 | 32 | 64, 0, 2, 0] + SEED +
+                               [0, 2, 1, 6, 0, 1, 0, 0, 0, 4, 0] + [1 | 32, 3, 1, 1] + [1, 1, 1, 0],
+        # layer forward_varlen: 2 heads, E 8, head_dim 8 (value_dim 4), post-norm, 2 sequences of 5
+        # and 3 tokens, causal; then softcap 30.5 and ALiBi, interleaved RoPE over the first 4 of 8
+        # dims, theta 100, position_scale 0.5.
+        "entry5_varlen_rope_interleaved": [5, 0, 2, 3, 1 | 8 | 32 | 64, 8, 0, 1, 0] + SEED +
+                                          [0, 2, 1, 6, 0, 1, 0, 0, 0, 3, 2, 5, 3, 1, 1, 1, 0] + [4 | 16, 30, 1, 1] + [1 | 2, 1, 2, 2],
+        # layer forward_cached: 2 heads, E 8, 163 tokens of cache, five steps over sequences 0 and 1
+        # (a prefill of 3 and 2 tokens, then single tokens), causal; then window 3 and RoPE over
+        # all 4 dims.
+        "entry6_rope_window": [6, 0, 2, 3, 1 | 4 | 8, 0, 0, 0] + SEED + [0, 0, 0, 99, 0] +
+                              [2, 0, 1, 3, 2, 1, 1, 0] + [2, 0, 1, 1, 1, 1, 1, 0] * 3 + [1, 1, 1, 1, 1, 0] +
+                              [1, 2] + [1, 1, 1, 0],
+    }
+    for name, data in variants.items():
+        put("c_abi", name, bytes(data))
+
 
 if __name__ == "__main__":
     main()
