@@ -418,6 +418,15 @@ TEST_CASE("layer: bad input gets a status and a message naming the field, and wr
     create_fails({16, 4, 3, 0, 0, 0, 0}, &lw, "num_kv_heads");
     create_fails({18, 4, 0, 0, 0, 0, 0}, &lw, "embed_dim = 18");
     create_fails({16, 4, 0, -2, 0, 0, 0}, &lw, "head_dim");
+    {
+        mha_layer_config r = c;
+        r.rope.dims = 2;
+        r.rope.interleaved = 2;  // neither pair order: refused, not read as "true"
+        create_fails(r, &lw, "rope.interleaved = 2");
+        r.rope.interleaved = 1;
+        r.rope.position_scale = -1.0f;
+        create_fails(r, &lw, "rope.position_scale");
+    }
     create_fails({16, 4, 0, 0, 0, -1, 0}, &lw, "kdim");
     create_fails({int64_t{1} << 40, 1, 0, 0, 0, int64_t{1} << 40, 0}, &lw, "overflow");
     mha_layer_weights no_v = lw;

@@ -135,8 +135,10 @@ typedef struct mha_rope {
     int64_t dims;         /* 0 = none; else the first dims (even, <= head_dim) of every q and k head rotate */
     float theta;          /* base, 0 = 10000; negative, NaN or infinite: MHA_INVALID_ARGUMENT */
     int interleaved;      /* 0: pairs (x[d], x[d + dims/2]) as Hugging Face's rotate_half (GPT-NeoX, Llama, Qwen);
-                             1: adjacent pairs (x[2d], x[2d+1]) as GPT-J and Meta's reference Llama */
-    float position_scale; /* positions are multiplied by this before the angles (linear scaling), 0 = 1 */
+                             1: adjacent pairs (x[2d], x[2d+1]) as GPT-J and Meta's reference Llama;
+                             any other value: MHA_INVALID_ARGUMENT */
+    float position_scale; /* positions are multiplied by this before the angles (linear scaling), 0 = 1;
+                             negative, NaN or infinite: MHA_INVALID_ARGUMENT */
 } mha_rope;
 
 /* ---- The multi-head attention layer ----------------------------------------------------------

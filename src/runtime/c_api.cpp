@@ -133,7 +133,10 @@ mha::LayerConfig layer_config(const mha_layer_config *c) {
     l.norm = static_cast<mha::Norm>(c->norm);
     l.norm_eps = c->norm_eps;
     l.variant = variant_of(c->variant);
-    l.rope = mha::Rope{c->rope.dims, c->rope.theta, c->rope.interleaved != 0, c->rope.position_scale};
+    if (c->rope.interleaved != 0 && c->rope.interleaved != 1)
+        mha::invalid_argument("rope.interleaved = " + std::to_string(c->rope.interleaved) +
+                              " must be 0 (pairs x[d], x[d + dims/2]) or 1 (adjacent pairs)");
+    l.rope = mha::Rope{c->rope.dims, c->rope.theta, c->rope.interleaved == 1, c->rope.position_scale};
     return l;
 }
 
