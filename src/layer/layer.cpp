@@ -52,7 +52,22 @@ struct Projection {
     const float *bias = nullptr;
 };
 
-#if defined(__clang__)
+// Not under ThreadSanitizer: a clone set is picked by an ifunc resolver that the dynamic loader
+// runs while relocating libmha, before TSan's runtime is up, and an instrumented resolver crashes
+// there (every test of tools/tsan died in the loader). The one baseline copy gives the same bits.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MHA_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(MHA_TSAN)
+#define MHA_TSAN 1
+#endif
+#if defined(MHA_TSAN) && defined(__clang__)
+#define MHA_ROPE_CLONES
+#elif defined(MHA_TSAN)
+#define MHA_ROPE_CLONES __attribute__((optimize("fp-contract=off")))
+#elif defined(__clang__)
 #define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
