@@ -462,8 +462,8 @@ struct FusedAttention {
         }
     }
 
-    // Scaled Q rows of the item's heads, stacked head by head, then packed: as one block, or (direct
-    // items) one block per KV head.
+    // Scaled Q rows of the item's heads, stacked head by head (packed items' Q K^T reads them there);
+    // a direct item's are then packed too, one block per KV head.
     static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
@@ -475,7 +475,7 @@ struct FusedAttention {
         if (!it.direct) return;  // panel_scores reads the rows in place
         const int64_t Mg = G * rows_per_head;
         for (int64_t h = 0; h < it.kv_heads; ++h) {
-            if (it.direct && !s.kv_cache)  // DirectTiles::scores takes the rows across the lanes
+            if (!s.kv_cache)  // DirectTiles::scores takes the rows across the lanes
                 DirectTiles<Arch>::transpose_q(Mg, D, w.q_rows + h * Mg * D, w.q_packed + h * direct_ldqt(Mg) * D,
                                                direct_ldqt(Mg));
             else

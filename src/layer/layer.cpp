@@ -55,23 +55,24 @@ struct Projection {
 // Not under ThreadSanitizer: a clone set is picked by an ifunc resolver that the dynamic loader
 // runs while relocating libmha, before TSan's runtime is up, and an instrumented resolver crashes
 // there (every test of tools/tsan died in the loader). The one baseline copy gives the same bits.
-#if defined(__has_feature)
+#if defined(__SANITIZE_THREAD__)
+#define MHA_TSAN 1
+#elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define MHA_TSAN 1
 #endif
 #endif
-#if defined(__SANITIZE_THREAD__) && !defined(MHA_TSAN)
-#define MHA_TSAN 1
-#endif
-#if defined(MHA_TSAN) && defined(__clang__)
-#define MHA_ROPE_CLONES
-#elif defined(MHA_TSAN)
-#define MHA_ROPE_CLONES __attribute__((optimize("fp-contract=off")))
-#elif defined(__clang__)
-#define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#if defined(MHA_TSAN)
+#define MHA_ROPE_TARGETS
 #else
-#define MHA_ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+#define MHA_ROPE_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
+#if defined(__clang__)
+#define MHA_ROPE_NO_CONTRACT
+#else
+#define MHA_ROPE_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+#define MHA_ROPE_CLONES MHA_ROPE_TARGETS MHA_ROPE_NO_CONTRACT
 
 // Rotary embeddings (RoFormer, Su et al. 2021) on rows of q and k heads. The angles come from a
 // table built once per call for the positions the call has (every head, batch and token at one
@@ -111,7 +112,7 @@ struct RopeTable {
     // cosines are cs[0, half) and sines cs[half, 2 half). Each pair order has its own loop, with
     // its stride known, so the compiler vectorizes both (the same bits: one product each, then
     // one add or subtract, never contracted).
-    // Cloned for AVX-512 and AVX2 (chosen at load time by the CPU); products and sums are never
+    // Cloned for AVX-512 and AVX2 (chosen at load time by the CPU; one copy under TSan, above); products and sums are never
     // contracted into FMAs (each product its own statement for clang, whose contraction stays
     // within one; GCC's is turned off), so every clone gives the same bits.
     MHA_ROPE_CLONES
