@@ -1133,9 +1133,12 @@ TEST_CASE("int8 cache: rows round-trip within half a step, saturated rows exactl
 TEST_CASE("int8 cache: attention adds no error beyond storage (double reference on the widened K and V) and keeps every bit-identity across paths and threads") {
     for (Isa isa : supported_isas())
         for (const Setup &su : {default_setup(isa), tiles_setup(isa, 5, 64, 128)})
-            for (const Shape &s : {Shape{8, 2, 32, 32}, Shape{4, 1, 13, 7}}) {
+            // GQA groups of 1 to 6 rows: decode's int8 scores take two key panels at a time up to 6.
+            for (const Shape &s : {Shape{8, 2, 32, 32}, Shape{4, 1, 13, 7}, Shape{6, 1, 16, 16}, Shape{3, 3, 16, 20},
+                                   Shape{6, 3, 40, 16}}) {
                 CAPTURE(su.name);
                 CAPTURE(s.D);
+                CAPTURE(s.H / s.Hkv);
                 const int64_t L = 200, row = s.o_row();
                 Rt r1(1, su), r2(2, su);
                 const SeqData t(s, L, 3000);

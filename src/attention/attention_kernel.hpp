@@ -210,43 +210,59 @@ struct FusedAttention {
     // queries qp (MR-row panels) against the n keys of one block's K panels k8, into s (stride
     // lds), each times its key's scale sc. The same chain as the microkernel on widen_k's
     // panels followed by scale_keys_i8, so the same bits as the packed path.
+    // pf: where the next call's K lies (see direct_scores); its lines are asked for at the
+    // offsets this call reads, one call ahead. Two panels at a time while R x 2 x NV sums and
+    // their operands fit the vector registers: at decode's 4 rows one panel's 8 chains are too
+    // few to cover the FMA latency (Zen 5, decode B16 Lk4096 H32/8 D128: 7.0 -> 6.6 ms).
     template <int R>
     static void scores_i8_rows(int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc, float *s,
-                               int64_t lds) {
-        for (int64_t p = 0; p * NR < n; ++p) {
-            const int8_t *kp = k8 + p * NR * D;
-            V acc[R][NV];
-            for (int r = 0; r < R; ++r)
-                for (int c = 0; c < NV; ++c) acc[r][c] = V(0.0f);
-            for (int64_t d = 0; d < D; ++d) {
-                if (d * NR % 64 == 0) __builtin_prefetch(kp + d * NR + kPrefetchI8);
-                V bv[NV];
-                for (int c = 0; c < NV; ++c) bv[c] = simd::widen_i8<Arch>(kp + d * NR + c * W);
-                for (int r = 0; r < R; ++r) {
-                    const V a(qp[d * MR + r]);
-                    for (int c = 0; c < NV; ++c) acc[r][c] = simd::fmadd(a, bv[c], acc[r][c]);
-                }
+                               int64_t lds, const int8_t *pf) {
+        constexpr int kRegs = W == 16 ? 32 : 16;
+        constexpr int P = 2 * R * NV + 2 * NV + 1 <= kRegs ? 2 : 1;
+        int64_t p = 0;
+        for (; (p + P) * NR <= n; p += P)
+            scores_i8_pass<R, P>(NR * P, D, qp, k8 + p * NR * D, pf + p * NR * D, sc + p * NR, s + p * NR, lds);
+        for (; p * NR < n; ++p)
+            scores_i8_pass<R, 1>(std::min<int64_t>(NR, n - p * NR), D, qp, k8 + p * NR * D, pf + p * NR * D,
+                                 sc + p * NR, s + p * NR, lds);
+    }
+    template <int R, int P>
+    static void scores_i8_pass(int64_t m, int64_t D, const float *qp, const int8_t *kp, const int8_t *kf,
+                               const float *sc, float *s, int64_t lds) {
+        V acc[R][P][NV];
+        for (int r = 0; r < R; ++r)
+            for (int q = 0; q < P; ++q)
+                for (int c = 0; c < NV; ++c) acc[r][q][c] = V(0.0f);
+        for (int64_t d = 0; d < D; ++d) {
+            V bv[P][NV];
+            for (int q = 0; q < P; ++q) {
+                if (d * NR % 64 == 0) __builtin_prefetch(kf + q * NR * D + d * NR);
+                for (int c = 0; c < NV; ++c) bv[q][c] = simd::widen_i8<Arch>(kp + q * NR * D + d * NR + c * W);
             }
-            const int64_t m = std::min<int64_t>(NR, n - p * NR);
-            for (int c = 0; c < NV && c * W < m; ++c) {
-                const int64_t lanes = std::min<int64_t>(W, m - c * W);
-                const V f = lanes == W ? V::load_unaligned(sc + p * NR + c * W) : Tail::load(sc + p * NR + c * W, lanes, 0.0f);
-                for (int r = 0; r < R; ++r) {
-                    float *dst = s + r * lds + p * NR + c * W;
-                    if (lanes == W)
-                        (acc[r][c] * f).store_unaligned(dst);
-                    else
-                        Tail::store(dst, lanes, acc[r][c] * f);
-                }
+            for (int r = 0; r < R; ++r) {
+                const V a(qp[d * MR + r]);
+                for (int q = 0; q < P; ++q)
+                    for (int c = 0; c < NV; ++c) acc[r][q][c] = simd::fmadd(a, bv[q][c], acc[r][q][c]);
             }
         }
+        for (int q = 0; q < P; ++q)
+            for (int c = 0; c < NV && q * NR + c * W < m; ++c) {
+                const int64_t o = q * NR + c * W, lanes = std::min<int64_t>(W, m - o);
+                const V f = lanes == W ? V::load_unaligned(sc + o) : Tail::load(sc + o, lanes, 0.0f);
+                for (int r = 0; r < R; ++r) {
+                    if (lanes == W)
+                        (acc[r][q][c] * f).store_unaligned(s + r * lds + o);
+                    else
+                        Tail::store(s + r * lds + o, lanes, acc[r][q][c] * f);
+                }
+            }
     }
     template <int R = 1>
     static void scores_i8(int64_t rows, int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc,
-                          float *s, int64_t lds) {
+                          float *s, int64_t lds, const int8_t *pf) {
         if constexpr (R <= MR) {
-            if (rows == R) return scores_i8_rows<R>(n, D, qp, k8, sc, s, lds);
-            scores_i8<R + 1>(rows, n, D, qp, k8, sc, s, lds);
+            if (rows == R) return scores_i8_rows<R>(n, D, qp, k8, sc, s, lds, pf);
+            scores_i8<R + 1>(rows, n, D, qp, k8, sc, s, lds, pf);
         }
     }
 
@@ -370,10 +386,15 @@ struct FusedAttention {
                 if (s.kv_cache && s.kv_cache->i8) {
                     const CacheView &c = *s.kv_cache;
                     const float *qh = w.q_packed + h * round_up_to(Mg, MR) * D;
+                    // The next K in read order (this block's next head, the next block's first),
+                    // or after the tile's last, its first V.
+                    const int8_t *next = h + 1 < it.kv_heads ? c.k_panels_i8(it.b, it.g + h + 1, j0 + j, D)
+                                         : j + step < cols   ? c.k_panels_i8(it.b, it.g, j0 + j + step, D)
+                                                             : c.v_panels_i8(it.b, it.g, j0);
                     for (int64_t r0 = 0; r0 < Mg; r0 += MR)
                         scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, qh + r0 * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
-                                  sh + r0 * s.block_k, s.block_k);
+                                  sh + r0 * s.block_k, s.block_k, next);
                 } else if (s.kv_cache) {
                     gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
                                                            s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
@@ -389,33 +410,41 @@ struct FusedAttention {
         return cols;
     }
 
-    // acc += P V for a direct item's tile of `cols` keys: the tile's sum goes to t from zero, keys
-    // in order, V rows read in place a step of tokens at a time for every KV head, then joins acc.
-    static void direct_accumulate(const Shape &s, const float *v, const Item &it, int64_t M, int64_t rows_per_head,
-                                  int64_t j0, int64_t cols, const ItemScratch &w, float *acc) {
+    // acc += P V for a direct item's tile of `cols` keys: the tile's sum runs from zero, keys in
+    // order, V rows read in place a step of tokens at a time for every KV head (between steps in
+    // t), and the last step adds it to acc. The next tile (if any) starts at key `next_tile`; an
+    // int8 cache's reads are asked for one call ahead across the jumps between heads, blocks and
+    // tiles (see scores_i8_rows).
+    static void direct_accumulate(const Shape &s, const float *v, const Item &it, int64_t rows_per_head, int64_t j0,
+                                  int64_t cols, int64_t next_tile, int64_t end, const ItemScratch &w, float *acc) {
         const int64_t Dv = s.value_dim, Mg = s.group() * rows_per_head;
-        std::fill(w.t, w.t + M * Dv, 0.0f);
         for (int64_t j = 0, step; j < cols; j += step) {
             step = direct_step(s, j0 + j, cols - j);
+            const bool fresh = j == 0, last = j + step == cols;
             for (int64_t h = 0; h < it.kv_heads; ++h) {
+                float *into = last ? acc + h * Mg * Dv : nullptr;
                 // Dense V rows (columns contiguous), or the cache's NR-column panels.
                 const CacheView *c = s.kv_cache;
                 float *ph = w.s + h * Mg * s.block_k + j;
                 if (c && c->i8) {  // P times the values' scales, against the stored integers
                     scale_keys_i8(*c, true, it.b, it.g + h, j0 + j, step, ph, 0, Mg, s.block_k);
                     const typename DirectTiles<Arch>::Columns cols_of{NR, NR, c->v_panel};
-                    DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, c->v_panels_i8(it.b, it.g + h, j0 + j),
-                                                  cols_of, w.t + h * Mg * Dv);
+                    const int8_t *here = c->v_panels_i8(it.b, it.g + h, j0 + j);
+                    const int8_t *next = h + 1 < it.kv_heads ? c->v_panels_i8(it.b, it.g + h + 1, j0 + j)
+                                         : j + step < cols   ? c->v_panels_i8(it.b, it.g, j0 + j + step)
+                                         : next_tile < end   ? c->k_panels_i8(it.b, it.g, next_tile, s.head_dim)
+                                                             : here;
+                    DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, here, cols_of, w.t + h * Mg * Dv, fresh,
+                                                  into, next);
                     continue;
                 }
                 const float *vr = c ? c->v_panels(it.b, it.g + h, j0 + j)
                                     : v + s.kv_row(it.b, j0 + j) * s.ldv + (it.g + h) * Dv;
                 const typename DirectTiles<Arch>::Columns cols_of{c ? NR : s.ldv, c ? int64_t{NR} : W,
                                                                   c ? c->v_panel : W};
-                DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, vr, cols_of, w.t + h * Mg * Dv);
+                DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, vr, cols_of, w.t + h * Mg * Dv, fresh, into);
             }
         }
-        for (int64_t r = 0; r < M; ++r) Rows::add(w.t + r * Dv, Dv, acc + r * Dv);
     }
 
     // Rows [r0, r1) of S (one register panel) against the tile's K panels, masked. Returns how many
@@ -509,7 +538,7 @@ struct FusedAttention {
                 const int64_t cols = direct_scores(s, k, it, M, rows_per_head, j0, n, w);
                 if (cols == 0) continue;  // the tile shows the rows nothing: their state stays
                 Rows::online_fold(M, cols, w.s, s.block_k, m, l, acc, Dv, Dv);
-                direct_accumulate(s, v, it, M, rows_per_head, j0, cols, w, acc);
+                direct_accumulate(s, v, it, rows_per_head, j0, cols, j0 + s.block_k, c1, w, acc);
                 continue;
             }
             // Register panel by register panel, so a panel's scores stay in L1 from Q K^T through

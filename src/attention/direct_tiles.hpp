@@ -64,25 +64,29 @@ struct DirectTiles {
     };
 
     // acc[r * Dv + c] += sum_j p[r * ldp + j] * V(j, c) for r < M, j < n, c < Dv, the keys in order.
-    // V is fp32, or an int8 cache's stored integers (T = int8_t), widened in registers.
+    // V is fp32, or an int8 cache's stored integers (T = int8_t), widened in registers. A tile's
+    // sums run over several calls: the first starts them from zero (`fresh`: acc is not read), the
+    // last adds them to `into` (same layout as acc; acc is then not written) instead.
+    // For int8 V, pf is where the next call's V (or K) lies: its lines are asked for at the
+    // offsets this call reads (one call ahead, across the jumps the hardware cannot follow).
     template <class T>
     static void accumulate(int64_t M, int64_t n, int64_t Dv, const float *p, int64_t ldp, const T *v,
-                           const Columns &vc, float *acc) {
+                           const Columns &vc, float *acc, bool fresh, float *into, const T *pf = nullptr) {
         constexpr int64_t kRows = 4, kVecs = 4;
         for (int64_t r0 = 0; r0 < M; r0 += kRows)
             for (int64_t c0 = 0; c0 < Dv; c0 += kVecs * W) {
                 const int64_t rows = std::min(kRows, M - r0), cols = std::min(kVecs * W, Dv - c0);
                 const int vecs = static_cast<int>((cols + W - 1) / W);
                 const float *pr = p + r0 * ldp;
-                float *ar = acc + r0 * Dv + c0;
+                float *ar = acc + r0 * Dv + c0, *ir = into ? into + r0 * Dv + c0 : nullptr;
                 const int64_t tail = cols - (vecs - 1) * W;  // lanes of the last vector
                 switch (rows * 8 + vecs) {
 #define MHA_DIRECT_BLOCK(R, C)                                                   \
     case R * 8 + C:                                                              \
         if (tail == W)                                                           \
-            block<R, C, false, T>(n, pr, ldp, v, vc, c0, ar, Dv, tail);          \
-        else                                                                     \
-            block<R, C, true, T>(n, pr, ldp, v, vc, c0, ar, Dv, tail);           \
+            block<R, C, false, T>(n, pr, ldp, v, vc, c0, ar, fresh, ir, Dv, tail, pf); \
+        else                                                                         \
+            block<R, C, true, T>(n, pr, ldp, v, vc, c0, ar, fresh, ir, Dv, tail, pf);  \
         break;
                     MHA_DIRECT_BLOCK(1, 1) MHA_DIRECT_BLOCK(1, 2) MHA_DIRECT_BLOCK(1, 3) MHA_DIRECT_BLOCK(1, 4)
                     MHA_DIRECT_BLOCK(2, 1) MHA_DIRECT_BLOCK(2, 2) MHA_DIRECT_BLOCK(2, 3) MHA_DIRECT_BLOCK(2, 4)
@@ -128,7 +132,7 @@ private:
     // up to date on each key (16 stores per key at 4 x 4; measured 2x slower decode on Zen 5).
     template <int R, int C, bool Partial, class T>
     static void block(int64_t n, const float *p, int64_t ldp, const T *v, const Columns &vc, int64_t c0,
-                      float *acc, int64_t lda, int64_t tail) {
+                      float *acc, bool fresh, float *into, int64_t lda, int64_t tail, const T *pf) {
         auto load = [&](const float *x, int c) {
             if constexpr (Partial)
                 if (c == C - 1) return Tail::load(x, tail, 0.0f);
@@ -144,28 +148,43 @@ private:
         };
         const int64_t ldv = vc.ld;
         const T *vcol[C];
-        for (int c = 0; c < C; ++c) vcol[c] = vc.at(v, c0 + c * W);
+        // int8: the columns that start a panel's row, whose lines are asked for (one call ahead).
+        const T *fcol[C];
+        int nf = 0;
+        for (int c = 0; c < C; ++c) {
+            vcol[c] = vc.at(v, c0 + c * W);
+            if ((c0 + c * W) % vc.width == 0) fcol[nf++] = vc.at(pf ? pf : v, c0 + c * W);
+        }
         const float *prow[R];
         for (int r = 0; r < R; ++r) prow[r] = p + r * ldp;
         V a[R][C];
         for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) a[r][c] = load(acc + r * lda + c * W, c);
+            for (int c = 0; c < C; ++c) a[r][c] = fresh ? V(0.0f) : load(acc + r * lda + c * W, c);
         for (int64_t j = 0; j < n; ++j) {
             V vj[C];
             // V streams from memory in decode; the hardware prefetchers fall behind (Zen 5).
-            for (int c = 0; c < C; ++c) __builtin_prefetch(vcol[c] + (j + kPrefetchKeys * int64_t{sizeof(float) / sizeof(T)}) * ldv);
+            if constexpr (std::is_same_v<T, int8_t>) {
+                // A token's int8 row of a panel is part of a line: each line once, from the
+                // vectors that start a panel's row.
+                if (static_cast<uint64_t>(j * ldv) % 64 < static_cast<uint64_t>(ldv))
+                    for (int c = 0; c < nf; ++c) __builtin_prefetch(fcol[c] + j * ldv);
+            } else {
+                for (int c = 0; c < C; ++c) __builtin_prefetch(vcol[c] + (j + kPrefetchKeys) * ldv);
+            }
             for (int c = 0; c < C; ++c) vj[c] = load_v(vcol[c] + j * ldv, c);
             for (int r = 0; r < R; ++r) {
                 const V pj(prow[r][j]);
                 for (int c = 0; c < C; ++c) a[r][c] = simd::fmadd(pj, vj[c], a[r][c]);
             }
         }
+        float *dst = into ? into : acc;
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) {
+                if (into) a[r][c] = load(into + r * lda + c * W, c) + a[r][c];
                 if (Partial && c == C - 1)
-                    Tail::store(acc + r * lda + c * W, tail, a[r][c]);
+                    Tail::store(dst + r * lda + c * W, tail, a[r][c]);
                 else
-                    a[r][c].store_unaligned(acc + r * lda + c * W);
+                    a[r][c].store_unaligned(dst + r * lda + c * W);
             }
     }
 };
