@@ -34,8 +34,9 @@ struct DirectTiles {
     using V = xsimd::batch<float, Arch>;
     using Tail = softmax_detail::Partial<Arch>;
     static constexpr int W = static_cast<int>(V::size);
-    // How far ahead block() asks for V rows (int8 rows: 4x as many, the same bytes): decode streams V from memory and the hardware
-    // prefetchers fall behind (Zen 5, decode B16 Lk4096 H32/8 D128 from an fp32 cache: 26.6 -> 24.0 ms).
+    // How far ahead block() asks for fp32 V rows: decode streams V from memory and the hardware
+    // prefetchers fall behind (Zen 5, decode B16 Lk4096 H32/8 D128 from an fp32 cache: 26.6 -> 24.0
+    // ms). int8 rows are asked for one call ahead instead (the caller says where that call reads).
     static constexpr int64_t kPrefetchKeys = 32;
 
     // s[r * lds + j] = sum_d qt[d * ldqt + r] * k[j * ldk + d] for r < M <= 2 W, j < n, the
