@@ -155,7 +155,9 @@ struct RowKernels {
                 }
                 const float sum = exp_store_sum(sr, cols, m_new[i], sr);
                 l[r] = l[r] * alpha[i] + sum;
-                if (alpha[i] != 1.0f) scale(acc + r * ldacc, acc_cols, alpha[i]);
+                // Before any visible score (m = -inf) acc holds only +-0 or NaN (P was all zeros),
+                // which times alpha = 0 stay as they are: the pass would change no bit.
+                if (alpha[i] != 1.0f && m[r] != kNegInf) scale(acc + r * ldacc, acc_cols, alpha[i]);
                 m[r] = m_new[i];
             }
         }
