@@ -63,7 +63,13 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // mha-tune search (1 thread, 2026-11-23) scored 14x32 KC 128-328 / NC 192-1536 at 0.98-1.01x,
     // 6x64 KC 80-216 at 0.97-1.02x and 8x48 KC 104-272 at 0.99-1.03x on the projection shapes
     // (best 8x48 KC 160 NC 384: 1.08x at 2048x1536x512, 0.98x at 1024x512x512), while the attention
-    // ran 0.62-0.84x of the default tiles with 8x48: the defaults stay.
+    // ran 0.62-0.84x of the default tiles with 8x48: the defaults stay. Again with KC 512
+    // (2026-11-24, vs oneDNN, 1 thread, 1024^3 / 2048^3 / 4096x1536x512 NT / 4096x512x512 NT):
+    // 14x32 KC 512 NC 256 MC 2044 0.94-0.96 / 0.94-0.97 / 0.95-0.97 / 1.00-1.02x; 6x64 KC 512
+    // NC 256 0.97 / 0.98-0.99 / 0.94-0.95 / 0.99x; 6x64 KC 768 NC 192 0.98 / 0.98 / 0.95 /
+    // 1.02x; 6x64 KC 512 NC 512 0.94 / 0.94 / 0.94 / 1.01x; 8x48 KC 512 NC 240 0.93 / 0.90 /
+    // 0.94 / 0.96x; 8x48 KC 384 NC 336 0.93 / 0.97 / 0.91 / 0.90x. Rejected: 6x64 gains on the
+    // squares what it loses on the projections (and in the attention), so 14x32 stays.
     t.nc = std::clamp<int64_t>(round_down(caches.l2 / 2 / (t.kc * f), uk.nr), uk.nr, 8192 / uk.nr * uk.nr);
     // MC: the MC x KC block of A is shared by all threads from L3; a quarter of L3, capped so the
     // packing buffer stays a few MiB (4088 rows x KC = 264 is 4 MiB).
