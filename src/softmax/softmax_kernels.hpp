@@ -59,6 +59,12 @@ struct RowKernels {
     // that add 0 (exp(-inf)) past the end of a row never change its sum: a row gives the same bits
     // whatever n its caller covers beyond the row's last finite score. x == y is allowed.
     static float exp_store_sum(const float *x, int64_t n, float max, float *y) {
+        return xsimd::hadd(exp_store_partial(x, n, max, y));
+    }
+
+    // exp_store_sum before its last step: the row's sum as one vector, whose lanes xsimd::hadd
+    // adds up (hadd_rows does that for many rows at once, in the same order).
+    static V exp_store_partial(const float *x, int64_t n, float max, float *y) {
         const V vm(max);
         V s[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
         int64_t i = 0;
@@ -86,7 +92,39 @@ struct RowKernels {
                 P::store(y + i, left, e);
             s[a] += e;
         }
-        return xsimd::hadd((s[0] + s[1]) + (s[2] + s[3]));
+        return (s[0] + s[1]) + (s[2] + s[3]);
+    }
+
+    // out[r] = xsimd::hadd(v[r]) for r < n <= W, bit for bit: on AVX-512 sixteen rows at a time
+    // through the same pairings (the upper half onto the lower, then lanes i and i + 4, then
+    // neighbours, then the last two), each step adding two rows' lanes in one vector instead of
+    // one row's in a chain of dependent shuffles (the per-row reductions were a sixth of the fold's
+    // time at L512 D64). v[n..W) are not read.
+    static void hadd_rows(const V *v, int64_t n, float *out) {
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<Arch, xsimd::avx512f>) {
+            __m512 r[16];
+            for (int i = 0; i < 16; ++i) r[i] = i < n ? static_cast<__m512>(v[i]) : _mm512_setzero_ps();
+            __m512 a[8], b[4], c[2];
+            for (int k = 0; k < 8; ++k)  // y_i = x_{8+i} + x_i: rows 2k (lanes 0-7), 2k+1 (8-15)
+                a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)),
+                                     _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)));
+            for (int k = 0; k < 4; ++k)  // t_i = y_i + y_{i+4}: quarter q = row 4k + q
+                b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+            for (int k = 0; k < 2; ++k)  // c_j = t_2j + t_2j+1: quarter q = rows 8k + q, 8k + 4 + q
+                c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+            // c_0 + c_1: lane 4q + p is row 4p + q
+            const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+            alignas(64) float lanes[16];
+            _mm512_store_ps(lanes, sum);
+            for (int64_t i = 0; i < n; ++i) out[i] = lanes[(i % 4) * 4 + i / 4];
+            return;
+        }
+#endif
+        for (int64_t i = 0; i < n; ++i) out[i] = xsimd::hadd(v[i]);
     }
 
     // y[0:n] = x[0:n] * s; x == y is allowed.
@@ -146,15 +184,22 @@ struct RowKernels {
                 alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
             }
             vexp<Arch>(V::load_aligned(alpha)).store_aligned(alpha);  // 0 where m was -inf
+            V part[W];
+            alignas(64) float sum[W];
             for (int64_t i = 0; i < nr; ++i) {
-                const int64_t r = r0 + i;
-                float *sr = s + r * lds;
+                float *sr = s + (r0 + i) * lds;
                 if (m_new[i] == kNegInf) {
                     fill(sr, cols, 0.0f);
-                    continue;
+                    part[i] = V(0.0f);
+                } else {
+                    part[i] = exp_store_partial(sr, cols, m_new[i], sr);
                 }
-                const float sum = exp_store_sum(sr, cols, m_new[i], sr);
-                l[r] = l[r] * alpha[i] + sum;
+            }
+            hadd_rows(part, nr, sum);
+            for (int64_t i = 0; i < nr; ++i) {
+                const int64_t r = r0 + i;
+                if (m_new[i] == kNegInf) continue;
+                l[r] = l[r] * alpha[i] + sum[i];
                 // Before any visible score (m = -inf) acc holds only +-0 or NaN (P was all zeros),
                 // which times alpha = 0 stay as they are: the pass would change no bit.
                 if (alpha[i] != 1.0f && m[r] != kNegInf) scale(acc + r * ldacc, acc_cols, alpha[i]);
