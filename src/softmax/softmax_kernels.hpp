@@ -96,10 +96,11 @@ struct RowKernels {
     }
 
     // out[r] = xsimd::hadd(v[r]) for r < n <= W, bit for bit: on AVX-512 sixteen rows at a time
-    // through the same pairings (the upper half onto the lower, then lanes i and i + 4, then
-    // neighbours, then the last two), each step adding two rows' lanes in one vector instead of
-    // one row's in a chain of dependent shuffles (the per-row reductions were a sixth of the fold's
-    // time at L512 D64). v[n..W) are not read.
+    // through the same pairings and operand order (the upper half onto the lower, then lanes i and
+    // i + 4, then neighbours and the last two with the odd lane first, as haddps adds them), each
+    // step adding two rows' lanes in one vector instead of one row's in a chain of dependent
+    // shuffles (the per-row reductions were a sixth of the fold's samples at L512 D64). The order
+    // shows in the bits only through NaN: x86 returns the first operand's NaN. v[n..W) are not read.
     static void hadd_rows(const V *v, int64_t n, float *out) {
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>) {
@@ -112,12 +113,12 @@ struct RowKernels {
             for (int k = 0; k < 4; ++k)  // t_i = y_i + y_{i+4}: quarter q = row 4k + q
                 b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                                      _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-            for (int k = 0; k < 2; ++k)  // c_j = t_2j + t_2j+1: quarter q = rows 8k + q, 8k + 4 + q
-                c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-            // c_0 + c_1: lane 4q + p is row 4p + q
-            const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                             _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+            for (int k = 0; k < 2; ++k)  // c_j = t_2j+1 + t_2j: quarter q = rows 8k + q, 8k + 4 + q
+                c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                                     _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+            // c_1 + c_0: lane 4q + p is row 4p + q
+            const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)),
+                                             _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)));
             alignas(64) float lanes[16];
             _mm512_store_ps(lanes, sum);
             for (int64_t i = 0; i < n; ++i) out[i] = lanes[(i % 4) * 4 + i / 4];
