@@ -386,11 +386,10 @@ struct FusedAttention {
                 if (s.kv_cache && s.kv_cache->i8) {
                     const CacheView &c = *s.kv_cache;
                     const float *qh = w.q_packed + h * round_up_to(Mg, MR) * D;
-                    // The next K in read order (this block's next head, the next block's first),
-                    // or after the tile's last, its first V.
-                    const int8_t *next = h + 1 < it.kv_heads ? c.k_panels_i8(it.b, it.g + h + 1, j0 + j, D)
-                                         : j + step < cols   ? c.k_panels_i8(it.b, it.g, j0 + j + step, D)
-                                                             : c.v_panels_i8(it.b, it.g, j0);
+                    // After the tile's last K, its first V.
+                    const int8_t *next = next_i8(it, h, j0 + j, step, j0 + cols,
+                                                 [&](int64_t g, int64_t key) { return c.k_panels_i8(it.b, g, key, D); },
+                                                 c.v_panels_i8(it.b, it.g, j0));
                     for (int64_t r0 = 0; r0 < Mg; r0 += MR)
                         scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, qh + r0 * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
@@ -408,6 +407,15 @@ struct FusedAttention {
         }
         mask_rows(s, it, 0, M, rows_per_head, j0, 0, cols, w);
         return cols;
+    }
+
+    // Where the int8 read after KV head h's step of keys [key, key + step) starts (cols_end: the
+    // tile's end): the same block's next KV head, else the next block's first (panels(g, key)
+    // gives a head's K or V there), else `after`. The direct path asks for its lines one call ahead.
+    template <class Panels>
+    static const int8_t *next_i8(const Item &it, int64_t h, int64_t key, int64_t step, int64_t cols_end,
+                                 const Panels &panels, const int8_t *after) {
+        return h + 1 < it.kv_heads ? panels(it.g + h + 1, key) : key + step < cols_end ? panels(it.g, key + step) : after;
     }
 
     // acc += P V for a direct item's tile of `cols` keys: the tile's sum runs from zero, keys in
@@ -429,11 +437,11 @@ struct FusedAttention {
                 if (c && c->i8) {  // P times the values' scales, against the stored integers
                     scale_keys_i8(*c, true, it.b, it.g + h, j0 + j, step, ph, 0, Mg, s.block_k);
                     const typename DirectTiles<Arch>::Columns cols_of{NR, NR, c->v_panel};
+                    // After the tile's last V, the next tile's first K (if any).
                     const int8_t *here = c->v_panels_i8(it.b, it.g + h, j0 + j);
-                    const int8_t *next = h + 1 < it.kv_heads ? c->v_panels_i8(it.b, it.g + h + 1, j0 + j)
-                                         : j + step < cols   ? c->v_panels_i8(it.b, it.g, j0 + j + step)
-                                         : next_tile < end   ? c->k_panels_i8(it.b, it.g, next_tile, s.head_dim)
-                                                             : here;
+                    const int8_t *next = next_i8(it, h, j0 + j, step, j0 + cols,
+                                                 [&](int64_t g, int64_t key) { return c->v_panels_i8(it.b, g, key); },
+                                                 next_tile < end ? c->k_panels_i8(it.b, it.g, next_tile, s.head_dim) : here);
                     DirectTiles<Arch>::accumulate(Mg, step, Dv, ph, s.block_k, here, cols_of, w.t + h * Mg * Dv, fresh,
                                                   into, next);
                     continue;

@@ -112,9 +112,9 @@ struct RopeTable {
     // cosines are cs[0, half) and sines cs[half, 2 half). Each pair order has its own loop, with
     // its stride known, so the compiler vectorizes both (the same bits: one product each, then
     // one add or subtract, never contracted).
-    // Cloned for AVX-512 and AVX2 (chosen at load time by the CPU; one copy under TSan, above); products and sums are never
-    // contracted into FMAs (each product its own statement for clang, whose contraction stays
-    // within one; GCC's is turned off), so every clone gives the same bits.
+    // Cloned for AVX-512 and AVX2 (chosen at load time by the CPU; one copy under TSan, above);
+    // products and sums are never contracted into FMAs (each product its own statement for clang,
+    // whose contraction stays within one; GCC's is turned off), so every clone gives the same bits.
     MHA_ROPE_CLONES
     static void rope_rotate(bool interleaved, const float *cs, int64_t half, float *x, int64_t heads, int64_t D) {
         const float *c = cs, *s = cs + half;
