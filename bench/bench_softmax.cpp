@@ -20,12 +20,12 @@ void run(benchmark::State &state, const bench::SoftmaxShape &s, int threads, Imp
     std::unique_ptr<Runtime> rt;
     std::unique_ptr<bench::DnnlSoftmax> dnnl;
     if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}, {}});
-    if (impl == Impl::onednn) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data());
+    if (impl == Impl::onednn) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data(), threads);
     for (auto _ : state) {
         switch (impl) {
         case Impl::mha: softmax(*rt, s.rows, s.cols, x.data(), s.cols, y.data(), s.cols); break;
         case Impl::scalar: bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); break;
-        case Impl::onednn: dnnl->run(threads); break;
+        case Impl::onednn: dnnl->run(); break;
         }
         benchmark::DoNotOptimize(y.data());
     }

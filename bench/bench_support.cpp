@@ -83,9 +83,12 @@ struct DnnlSoftmax::Impl {
     dnnl::stream stream{engine};
     dnnl::softmax_forward prim;
     dnnl::memory src, dst;
+    int threads = 1;
 };
 
-DnnlSoftmax::DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y) : impl_(new Impl) {
+DnnlSoftmax::DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y, int threads) : impl_(new Impl) {
+    impl_->threads = threads;
+    omp_set_num_threads(threads);
     const dnnl::memory::desc md({rows, cols}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
     const dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
     impl_->prim = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, impl_->engine));
@@ -95,16 +98,16 @@ DnnlSoftmax::DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y) :
 
 DnnlSoftmax::~DnnlSoftmax() { delete impl_; }
 
-void DnnlSoftmax::run(int threads) {
-    omp_set_num_threads(threads);
+void DnnlSoftmax::run() {
+    omp_set_num_threads(impl_->threads);
     impl_->prim.execute(impl_->stream, {{DNNL_ARG_SRC, impl_->src}, {DNNL_ARG_DST, impl_->dst}});
     impl_->stream.wait();
 }
 #else
 struct DnnlSoftmax::Impl {};
-DnnlSoftmax::DnnlSoftmax(int64_t, int64_t, const float *, float *) { std::abort(); }
+DnnlSoftmax::DnnlSoftmax(int64_t, int64_t, const float *, float *, int) { std::abort(); }
 DnnlSoftmax::~DnnlSoftmax() = default;
-void DnnlSoftmax::run(int) { std::abort(); }
+void DnnlSoftmax::run() { std::abort(); }
 #endif
 
 std::string AttentionShape::str() const {

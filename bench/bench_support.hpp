@@ -38,12 +38,15 @@ const std::vector<SoftmaxShape> &softmax_shapes();
 // The plain loop users would write: max, expf, sum, divide, one row at a time (one thread).
 void scalar_softmax(int64_t rows, int64_t cols, const float *x, float *y);
 
-// oneDNN's softmax primitive on a rows x cols row-major buffer, created once; run() executes it.
+// oneDNN's softmax primitive on a rows x cols row-major buffer for `threads` OpenMP threads,
+// created once; run() executes it on that many. (A oneDNN primitive fixes its thread count when it
+// is created and asks OpenMP for exactly that many, whatever omp_set_num_threads says later: one
+// created while OpenMP's default was 2 ran on 2 threads in a 1-thread row.)
 class DnnlSoftmax {
 public:
-    DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y);
+    DnnlSoftmax(int64_t rows, int64_t cols, const float *x, float *y, int threads);
     ~DnnlSoftmax();
-    void run(int threads);
+    void run();
 
 private:
     struct Impl;

@@ -168,13 +168,13 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
         if (filter && !std::regex_search("softmax/rows/" + s.str(), *filter)) continue;
         std::vector<float> x(static_cast<size_t>(s.rows * s.cols)), y(x.size());
         for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.1f - 5.0f;
-        std::unique_ptr<bench::DnnlSoftmax> dnnl;
-        if (bench::has_dnnl()) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data());
         for (int threads : ctx.opt.threads) {
             std::fprintf(stderr, "softmax %s threads=%d\n", s.str().c_str(), threads);
+            std::unique_ptr<bench::DnnlSoftmax> dnnl;
+            if (bench::has_dnnl()) dnnl = std::make_unique<bench::DnnlSoftmax>(s.rows, s.cols, x.data(), y.data(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}, {}});
             std::vector<Anchor> anchors;
-            if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(threads); }});
+            if (dnnl) anchors.push_back({"oneDNN", [&] { dnnl->run(); }});
             anchors.push_back({"scalar", [&] { bench::scalar_softmax(s.rows, s.cols, x.data(), y.data()); }, 1});
             Runtime rt1(RuntimeOptions{1, {}, {}, {}});
             if (threads > 1)
