@@ -93,6 +93,13 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // panel order; after it, 56-224 and BK 256-512 were all within noise).
     // Zen 3 (AVX2, BQ = 48): mha-tune's full search put BQ 12-96 with BK 256 within 0.98-1.03x of
     // the default and rejected BK 64 (0.83-0.87x) and BK 128 (0.93-0.98x).
+    // AMD EPYC Zen 5 again (2026-11-24, a faster host: FMA probe 283 GFLOP/s), mha-tune's full
+    // search, 1 thread: every other GEMM candidate 0.93-0.97x the defaults (14x32 KC 128-328 NC
+    // 192-1536 MC 4088 0.95-0.97x, 6x64 0.93-0.96x, 8x48 0.93-0.95x); BK 512 1.3-2.1% ahead of 256
+    // at L1024/L2048 D64 for every BQ from 28 to 224 (BK 64 0.90x, 128 0.95-0.96x). Against the
+    // defaults in mha-bench (two runs each): L2048-4096 attention 1.00-1.04x, decode B1 1.02-1.05x,
+    // B16 0.99x, but the paged-cache decode of the serving suite (B16 Lk4096) 0.97x; one BK serves
+    // prefill and decode (their bits must match), so it stays 256.
     t.attn_block_q = 8 * uk.mr;
     t.attn_block_k = 256;
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
