@@ -95,8 +95,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // the default and rejected BK 64 (0.83-0.87x) and BK 128 (0.93-0.98x).
     // AMD EPYC Zen 5 again (2026-11-24, a faster host: FMA probe 283 GFLOP/s), mha-tune's full
     // search, 1 thread: every other GEMM candidate 0.93-0.97x the defaults (14x32 KC 128-328 NC
-    // 192-1536 MC 4088 0.95-0.97x, 6x64 0.93-0.96x, 8x48 0.93-0.95x); BK 512 1.3-2.1% ahead of 256
-    // at L1024/L2048 D64 for every BQ from 28 to 224 (BK 64 0.90x, 128 0.95-0.96x). Against the
+    // 192-1536 MC 4088 0.95-0.97x, 6x64 0.93-0.96x, 8x48 0.93-0.95x; in mha-bench, MC 4088 at
+    // 2048^3, one A block and B packed once, read 0.97-0.98x oneDNN as the defaults did); BK 512
+    // 1.3-2.1% ahead of 256 at L1024/L2048 D64 for every BQ from 28 to 224 (BK 64 0.90x, 128
+    // 0.95-0.96x). Against the
     // defaults in mha-bench (two runs each): L2048-4096 attention 1.00-1.04x, decode B1 1.02-1.05x,
     // B16 0.99x, but the paged-cache decode of the serving suite (B16 Lk4096) 0.97x; one BK serves
     // prefill and decode (their bits must match), so it stays 256.
