@@ -1,0 +1,110 @@
+// The GEMM taken apart: where a product's time goes, for each ISA's default microkernel on this
+// CPU, at the tiles the runtime picks for it, on one thread. Each part runs back to back, so its
+// operands stay as warm as they can (the whole GEMM sees them colder):
+//   gemm_parts/<kernel>/ukernel  one MR x KC micro-panel of A (in L1) against eight KC x NR
+//                                micro-panels of B (in L2), C += A B: the microkernel alone
+//   gemm_parts/<kernel>/macro    the macro loop over a packed 1024 x KC block of A (from L3) and a
+//                                KC x NC block of B (in L2), into 1024 rows of a 1024-column C
+//   gemm_parts/<kernel>/pack_a   packing 1024 x KC of a row-major A (lda 1024) into MR-row panels
+//   gemm_parts/<kernel>/pack_b   packing KC x NC of a row-major B (ldb 1024) into NR-column panels
+// Counters: GFLOPS and peak_fraction (of the FMA probe measured here), or GBps of the operand read.
+// Against the whole GEMM (bench_gemm, mha-bench), the gap between macro and the GEMM is packing.
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench/bench_support.hpp"
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/isa.hpp"
+#include "mha/tile_config.hpp"
+
+using namespace mha;
+
+namespace {
+
+double g_peak = 0.0;
+
+struct Parts {
+    const gemm::SgemmKernel &uk;
+    int64_t kc, nc;
+    static constexpr int64_t kRows = 1024, kLd = 1024, kPanels = 8;
+    std::vector<float> a, b, ap, bp, c;
+
+    Parts(const gemm::SgemmKernel &k, const TileConfig &t)
+        : uk(k), kc(t.kc), nc(std::min<int64_t>(t.nc, kLd)), a(static_cast<size_t>(kRows * kLd)), b(a.size()),
+          ap(static_cast<size_t>((kRows + k.mr) * t.kc)), bp(static_cast<size_t>(std::max(kLd, kPanels * k.nr) * t.kc)),
+          c(static_cast<size_t>(kRows * kLd), 0.0f) {
+        bench::fill_hashed(a.data(), a.size(), 1, 1.0f);
+        bench::fill_hashed(b.data(), b.size(), 2, 1.0f);
+        uk.pack_a(kRows, kc, a.data(), kLd, 1, ap.data());
+        uk.pack_b(nc, kc, b.data(), 1, kLd, bp.data());
+    }
+};
+
+void flops_counters(benchmark::State &state, double flops_per_call) {
+    const double flops = flops_per_call * static_cast<double>(state.iterations());
+    state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsRate);
+    state.counters["peak_GFLOPS"] = g_peak;
+}
+
+void bytes_counter(benchmark::State &state, double bytes_per_call) {
+    state.counters["GBps"] =
+        benchmark::Counter(bytes_per_call * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void register_parts(const gemm::SgemmKernel &uk, const TileConfig &t) {
+    auto *p = new Parts(uk, t);  // lives as long as the benchmarks
+    const std::string base = std::string("gemm_parts/") + uk.name + "/";
+    const std::string tiles = "/kc:" + std::to_string(t.kc) + "/nc:" + std::to_string(t.nc);
+    benchmark::RegisterBenchmark((base + "ukernel" + tiles).c_str(), [p](benchmark::State &st) {
+        const int64_t n = Parts::kPanels * p->uk.nr;
+        for (auto _ : st) {
+            p->uk.macro_packed(p->uk.mr, n, p->kc, p->ap.data(), p->bp.data(), p->c.data(), n, 1.0f, 1.0f, nullptr);
+            benchmark::DoNotOptimize(p->c.data());
+        }
+        flops_counters(st, 2.0 * static_cast<double>(p->uk.mr * n * p->kc));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((base + "macro" + tiles).c_str(), [p](benchmark::State &st) {
+        for (auto _ : st) {
+            p->uk.macro_packed(Parts::kRows, p->nc, p->kc, p->ap.data(), p->bp.data(), p->c.data(), Parts::kLd, 1.0f,
+                               0.0f, nullptr);
+            benchmark::DoNotOptimize(p->c.data());
+        }
+        flops_counters(st, 2.0 * static_cast<double>(Parts::kRows * p->nc * p->kc));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((base + "pack_a" + tiles).c_str(), [p](benchmark::State &st) {
+        for (auto _ : st) {
+            p->uk.pack_a(Parts::kRows, p->kc, p->a.data(), Parts::kLd, 1, p->ap.data());
+            benchmark::DoNotOptimize(p->ap.data());
+        }
+        bytes_counter(st, 4.0 * static_cast<double>(Parts::kRows * p->kc));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((base + "pack_b" + tiles).c_str(), [p](benchmark::State &st) {
+        for (auto _ : st) {
+            p->uk.pack_b(p->nc, p->kc, p->b.data(), 1, Parts::kLd, p->bp.data());
+            benchmark::DoNotOptimize(p->bp.data());
+        }
+        bytes_counter(st, 4.0 * static_cast<double>(p->nc * p->kc));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    g_peak = bench::measure_fma_peak_gflops(1);
+    const CacheSizes caches = detect_cache_sizes();
+    std::printf("FMA peak: %.1f GFLOP/s (1 thread); L1d %lld KiB, L2 %lld KiB\n", g_peak,
+                static_cast<long long>(caches.l1d >> 10), static_cast<long long>(caches.l2 >> 10));
+    for (Isa isa : supported_isas()) {
+        const TileConfig t = default_tile_config(isa, caches);
+        const gemm::SgemmKernel *uk = gemm::find_sgemm_kernel(t.gemm_ukernel);
+        if (uk) register_parts(*uk, t);
+    }
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+}
