@@ -28,6 +28,35 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
     }(std::make_integer_sequence<int, MR - 1>{});
 }
 
+// Bottom-edge rows too few for the FMA units (mr NV sums, fewer than kWideSums): the tile spans two
+// packed B panels, doubling its independent sums, where the registers allow it. kWideRows rows at
+// most; the caller checks wide_edge().
+constexpr int kWideSums = 8;
+template <class Arch, int MR, int NV>
+constexpr int kWideRows = [] {
+    constexpr int regs = xsimd::batch<float, Arch>::size == 16 ? 32 : 16;
+    int r = 0;
+    while (r + 1 < MR && (r + 1) * NV < kWideSums && (r + 1) * 2 * NV + 2 * NV + 1 <= regs) ++r;
+    return r;
+}();
+template <class Arch, int MR, int NV>
+constexpr bool wide_edge(int64_t mr) { return mr <= kWideRows<Arch, MR, NV>; }
+
+// C[0:mr, 0:2 NR] from two B panels b_panel floats apart (packed panels, or B's columns in place:
+// b_panel = NR), for mr <= kWideRows.
+template <class Arch, int MR, int NV, Layout LB>
+inline void sgemm_ukernel_wide(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
+                               int64_t rs_b, int64_t b_panel, float *c, int64_t ldc, float alpha, float beta,
+                               const float *bias = nullptr) {
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+        (void)((mr == R + 1 &&
+                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB, 2>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta,
+                                                                       bias, b_panel),
+                 true)) ||
+               ...);
+    }(std::make_integer_sequence<int, kWideRows<Arch, MR, NV>>{});
+}
+
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
 // only its valid columns are merged, so the microkernel never branches on the edge. kernel(c, ldc,
 // beta, bias) computes a whole tile; the bias (NULL, or one per column) of an edge tile is added
@@ -60,7 +89,12 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
     for (int64_t i = 0; i < mc; i += MR) {                     // JR: MR rows of A
         const float *apanel = ap + i * kc;
         const int64_t mr = mc - i < MR ? mc - i : MR;
-        for (int64_t j = 0; j < nc; j += NR) {                 // IR: NR columns of B
+        int64_t j = 0;
+        if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
+            for (; j + 2 * NR <= nc; j += 2 * NR)
+                sgemm_ukernel_wide<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bp + j * kc, NR, NR * kc,
+                                                                 c + i * ldc + j, ldc, alpha, beta, bias ? bias + j : nullptr);
+        for (; j < nc; j += NR) {                              // IR: NR columns of B
             const float *bpanel = bp + j * kc;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
                 if (mr == MR)
@@ -80,7 +114,19 @@ void sgemm_macro_sup(const SupArgs &s) {
     for (int64_t i = 0; i < s.mc; i += MR) {                  // JR: MR rows of A, in place
         const int64_t mr = s.mc - i < MR ? s.mc - i : MR;
         const float *a = s.a + i * s.rs_a;
-        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {          // IR: NR columns of B
+        int64_t jr = s.jr0;
+        if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
+            for (; jr + 1 < s.jr1 && (jr + 2) * NR <= s.nc; jr += 2) {
+                const int64_t j = jr * NR;
+                float *ct = s.c + i * s.ldc + j;
+                if (s.b)
+                    sgemm_ukernel_wide<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, NR, ct,
+                                                                      s.ldc, s.alpha, s.beta);
+                else
+                    sgemm_ukernel_wide<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.bp_depth,
+                                                                     NR, NR * s.bp_depth, ct, s.ldc, s.alpha, s.beta);
+            }
+        for (; jr < s.jr1; ++jr) {                             // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta, const float *) {
                 if (s.b && nr == NR)

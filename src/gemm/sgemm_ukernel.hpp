@@ -23,20 +23,25 @@ enum class Layout { packed, strided };
 //   A(i, p) = a[i * rs_a + p * cs_a]   (packed: rs_a = 1, cs_a = MR)
 //   B(p, j) = b[p * rs_b + j]          (packed: rs_b = NR; columns are always contiguous)
 // beta == 0 never reads C. Register budget: MR * NV accumulators + NV B vectors + 1 broadcast.
-template <class Arch, int MR, int NV, Layout LA, Layout LB>
+// NP > 1 (the few rows at the bottom edge): NP B panels at once, b_panel floats apart, for C's
+// MR x NP NR tile, so a tile of two or three rows still has enough independent sums to keep the
+// FMA units busy; each sum is the one NP = 1 computes.
+template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1>
 void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                   int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr) {
+                   int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr,
+                   int64_t b_panel = 0) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size);
     constexpr int NR = NV * W;
+    constexpr int NT = NV * NP;  // vectors of C per row
     if constexpr (LA == Layout::packed) { rs_a = 1; cs_a = MR; }
     if constexpr (LB == Layout::packed) { rs_b = NR; }
 
-    V acc[MR][NV];
+    V acc[MR][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) acc[i][j] = V(0.0f);
+        for (int j = 0; j < NT; ++j) acc[i][j] = V(0.0f);
 
     // Request every line of the C tile now, so they arrive while the k loop runs: C is usually
     // far larger than L2, and a miss per row at the end of each tile costs more than the tile's
@@ -44,7 +49,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) __builtin_prefetch(c + i * ldc + j * W, 1);
+        for (int j = 0; j < NT; ++j) __builtin_prefetch(c + i * ldc + j * W, 1);
 
     // The k loop needs MR * NV + NV + 1 of the 32 (AVX-512) vector registers: 31 at 14 x 2. Left
     // alone, GCC keeps alpha (which arrives in xmm0) and a spilled C address in two of them and
@@ -52,18 +57,20 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
     // of attention ran 20% slower than the P V tiles). Passing these through memory frees them.
     asm volatile("" : "+m"(alpha), "+m"(beta), "+m"(c), "+m"(ldc));
     auto step = [&] {
-        V bv[NV];
+        V bv[NT];
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) bv[j] = V::load_unaligned(b + j * W);
+        for (int j = 0; j < NT; ++j) bv[j] = V::load_unaligned(b + j / NV * b_panel + j % NV * W);
         // B streams from L2 past the A micro-panel, which stays in L1: fetch B ahead, every line
         // of the row (one line per step left the odd lines of a 14x32 panel to the hardware).
 #pragma GCC unroll 8
-        for (int l = 0; l < (NR + 15) / 16; ++l) __builtin_prefetch(b + 8 * rs_b + 16 * l);
+        for (int q = 0; q < NP; ++q)
+#pragma GCC unroll 8
+            for (int l = 0; l < (NR + 15) / 16; ++l) __builtin_prefetch(b + q * b_panel + 8 * rs_b + 16 * l);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
             const V ai(a[i * rs_a]);
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) acc[i][j] = simd::fmadd(ai, bv[j], acc[i][j]);
+            for (int j = 0; j < NT; ++j) acc[i][j] = simd::fmadd(ai, bv[j], acc[i][j]);
         }
         a += cs_a;
         b += rs_b;
@@ -81,19 +88,19 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
     // alpha == 1 (every call from attention, most from users) skips the scaling; the bits are the
     // same as the general form's (x * 1 and fma(x, 1, y) are exact and single-rounded).
     if (bias) {
-        V bv[NV];
+        V bv[NT];
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) bv[j] = V::load_unaligned(bias + j * W);
+        for (int j = 0; j < NT; ++j) bv[j] = V::load_unaligned(bias + j * W);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) acc[i][j] = acc[i][j] + bv[j];
+            for (int j = 0; j < NT; ++j) acc[i][j] = acc[i][j] + bv[j];
     }
     if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) {
+            for (int j = 0; j < NT; ++j) {
                 float *cp = c + i * ldc + j * W;
                 (beta == 0.0f ? acc[i][j] : acc[i][j] + V::load_unaligned(cp)).store_unaligned(cp);
             }
@@ -104,13 +111,13 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) (acc[i][j] * va).store_unaligned(c + i * ldc + j * W);
+            for (int j = 0; j < NT; ++j) (acc[i][j] * va).store_unaligned(c + i * ldc + j * W);
     } else {
         const V vb(beta);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) {
+            for (int j = 0; j < NT; ++j) {
                 float *cp = c + i * ldc + j * W;
                 simd::fmadd(acc[i][j], va, vb * V::load_unaligned(cp)).store_unaligned(cp);
             }
