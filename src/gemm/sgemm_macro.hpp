@@ -29,8 +29,8 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
 }
 
 // Bottom-edge rows too few for the FMA units (mr NV sums, fewer than kWideSums): the tile spans two
-// packed B panels, doubling its independent sums, where the registers allow it. kWideRows rows at
-// most; the caller checks wide_edge().
+// B panels, doubling its independent sums, where the registers allow it. kWideRows rows at most;
+// the caller checks wide_edge().
 constexpr int kWideSums = 8;
 template <class Arch, int MR, int NV>
 constexpr int kWideRows = [] {
