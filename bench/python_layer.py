@@ -16,14 +16,12 @@ import os
 import sys
 import time
 
-# Both sides at their best, as bench/torch_anchor.py does for mha-bench's PyTorch rows: glibc's
-# malloc keeps freed memory mapped, so PyTorch does not page-fault a call's intermediates in again
-# on every call. The variables are read when the process starts: restart once with them set.
-_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
-if any(name not in os.environ for name in _MALLOC):
-    for name, value in _MALLOC.items():
-        os.environ.setdefault(name, value)
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+# Both sides at their best, as for mha-bench's PyTorch rows: glibc's malloc keeps freed memory
+# mapped, so PyTorch does not page-fault a call's intermediates in again on every call.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_anchor import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()
 
 os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX" if " avx512f" in open("/proc/cpuinfo").read() else "Haswell")
 
@@ -46,12 +44,17 @@ def interleaved(fns, reps):
     return [sorted(t)[len(t) // 2] for t in times]
 
 
-class AttentionParams(ctypes.Structure):
+class AttentionVariant(ctypes.Structure):  # mha_attention_variant (all zero: none)
+    _fields_ = [("window", ctypes.c_int64), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
+                ("sink_logits", ctypes.c_void_p)]
+
+
+class AttentionParams(ctypes.Structure):  # mha_attention_params, field for field (include/mha/mha.h)
     _fields_ = [("batch", ctypes.c_int64), ("q_len", ctypes.c_int64), ("kv_len", ctypes.c_int64),
                 ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("value_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
                 ("kv_valid_lens", ctypes.c_void_p), ("mask", ctypes.c_void_p), ("mask_batch_stride", ctypes.c_int64),
-                ("mask_row_stride", ctypes.c_int64), ("weights", ctypes.c_void_p)]
+                ("mask_row_stride", ctypes.c_int64), ("weights", ctypes.c_void_p), ("variant", AttentionVariant)]
 
 
 def call_overhead_us(threads):
@@ -68,6 +71,10 @@ def call_overhead_us(threads):
     rt = mha.Runtime(threads=threads)
     py_call = lambda: mha.attention(q, q, q, out=out, runtime=rt)  # noqa: E731
     c_call = lambda: lib.mha_attention(rt_c, ctypes.byref(p), ptr, ptr, ptr, optr)  # noqa: E731
+    status = c_call()
+    if status != 0:  # an early error return would time nothing
+        lib.mha_last_error.restype = ctypes.c_char_p
+        raise RuntimeError(f"mha_attention through ctypes returned {status}: {lib.mha_last_error().decode()}")
     t_py, t_c = interleaved([py_call, c_call], 2000)
     lib.mha_runtime_destroy(rt_c)
     return (t_py - t_c) * 1e6, t_py * 1e6, t_c * 1e6

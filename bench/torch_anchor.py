@@ -15,23 +15,29 @@ def _has_avx512():
         return False
 
 
-def import_torch(threads):
-    """Pins every thread pool PyTorch may use to `threads` (unless the environment already does),
-    keeps glibc's malloc from unmapping freed memory (below), then imports torch: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are read once,
-    when the libraries load, and torch.set_num_threads alone leaves Debian's OpenBLAS on every core.
-    OPENBLAS_CORETYPE=SkylakeX (Haswell on a CPU without AVX-512, whose SkylakeX kernels die with
-    SIGILL): Debian's OpenBLAS misdetects these CPUs otherwise."""
-    # glibc's malloc returns a freed block over its mmap threshold to the kernel, and PyTorch's
-    # CPU allocator frees a call's intermediates (6 MiB of QKV at B8 L128 E512) when the call
-    # ends: every call then page-faults them in again. Measured on Zen 5, 1 thread: B8 L128 E512
-    # 19-20 ms a call by default, 14 ms with these (and 14 ms when an earlier, larger layer in
-    # the same process had raised glibc's adaptive threshold, which made the anchor bimodal).
-    # They are read when the process starts, so the script restarts itself once with them set.
+def keep_freed_memory():
+    """glibc's malloc returns a freed block over its mmap threshold to the kernel, and PyTorch's
+    CPU allocator frees a call's intermediates (6 MiB of QKV at B8 L128 E512) when the call ends:
+    every call then page-faults them in again. Measured on Zen 5, 1 thread: B8 L128 E512 19-20 ms
+    a call by default, 14 ms with these settings (and 14 ms when an earlier, larger layer in the
+    same process had raised glibc's adaptive threshold, which made the anchor bimodal). glibc reads
+    them when the process starts, so this restarts the script once with them set. (mha-bench sets
+    the same values for its PyTorch child: bench_support.cpp, torch_malloc_env.)"""
     tunables = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
     if any(name not in os.environ for name in tunables):
         for name, value in tunables.items():
             os.environ.setdefault(name, value)
         os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+def import_torch(threads):
+    """Pins every thread pool PyTorch may use to `threads` (unless the environment already does),
+    keeps glibc's malloc from unmapping freed memory (keep_freed_memory), then imports torch:
+    OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are read once, when the libraries
+    load, and torch.set_num_threads alone leaves Debian's OpenBLAS on every core.
+    OPENBLAS_CORETYPE=SkylakeX (Haswell on a CPU without AVX-512, whose SkylakeX kernels die with
+    SIGILL): Debian's OpenBLAS misdetects these CPUs otherwise."""
+    keep_freed_memory()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle threads must not spin on mha's cores
