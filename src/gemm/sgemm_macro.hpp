@@ -11,23 +11,6 @@
 namespace mha::gemm {
 namespace {
 
-// The microkernel with MR rows, or, for the rows left at the bottom edge, the same kernel
-// instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
-template <class Arch, int MR, int NV, Layout LB>
-inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                               int64_t rs_b, float *c, int64_t ldc, float alpha, float beta,
-                               const float *bias = nullptr) {
-    if (mr == MR)
-        return sgemm_ukernel<Arch, MR, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias);
-    [&]<int... R>(std::integer_sequence<int, R...>) {
-        (void)((mr == R + 1 &&
-                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta,
-                                                                    bias),
-                 true)) ||
-               ...);
-    }(std::make_integer_sequence<int, MR - 1>{});
-}
-
 // Bottom-edge rows too few for the FMA units (mr NV sums, fewer than kWideSums): the tile spans two
 // B panels, doubling its independent sums, where the registers allow it. kWideRows rows at most;
 // the caller checks wide_edge().
@@ -42,19 +25,24 @@ constexpr int kWideRows = [] {
 template <class Arch, int MR, int NV>
 constexpr bool wide_edge(int64_t mr) { return mr <= kWideRows<Arch, MR, NV>; }
 
-// C[0:mr, 0:2 NR] from two B panels b_panel floats apart (packed panels, or B's columns in place:
-// b_panel = NR), for mr <= kWideRows.
-template <class Arch, int MR, int NV, Layout LB>
-inline void sgemm_ukernel_wide(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                               int64_t rs_b, int64_t b_panel, float *c, int64_t ldc, float alpha, float beta,
-                               const float *bias = nullptr) {
+// The microkernel with MR rows, or, for the rows left at the bottom edge, the same kernel
+// instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
+// NP = 2: C[0:mr, 0:2 NR] from two B panels b_panel floats apart (packed panels, or B's columns in
+// place: b_panel = NR), for mr <= kWideRows.
+template <class Arch, int MR, int NV, Layout LB, int NP = 1>
+inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
+                               int64_t rs_b, float *c, int64_t ldc, float alpha, float beta,
+                               const float *bias = nullptr, int64_t b_panel = 0) {
+    if constexpr (NP == 1)
+        if (mr == MR)
+            return sgemm_ukernel<Arch, MR, NV, Layout::strided, LB>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias);
     [&]<int... R>(std::integer_sequence<int, R...>) {
         (void)((mr == R + 1 &&
-                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB, 2>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta,
-                                                                       bias, b_panel),
+                (sgemm_ukernel<Arch, R + 1, NV, Layout::strided, LB, NP>(k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta,
+                                                                        bias, b_panel),
                  true)) ||
                ...);
-    }(std::make_integer_sequence<int, kWideRows<Arch, MR, NV>>{});
+    }(std::make_integer_sequence<int, NP == 1 ? MR - 1 : kWideRows<Arch, MR, NV>>{});
 }
 
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
@@ -92,8 +80,9 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
         int64_t j = 0;
         if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
             for (; j + 2 * NR <= nc; j += 2 * NR)
-                sgemm_ukernel_wide<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bp + j * kc, NR, NR * kc,
-                                                                 c + i * ldc + j, ldc, alpha, beta, bias ? bias + j : nullptr);
+                sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, kc, apanel, 1, MR, bp + j * kc, NR,
+                                                                    c + i * ldc + j, ldc, alpha, beta,
+                                                                    bias ? bias + j : nullptr, NR * kc);
         for (; j < nc; j += NR) {                              // IR: NR columns of B
             const float *bpanel = bp + j * kc;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
@@ -120,11 +109,12 @@ void sgemm_macro_sup(const SupArgs &s) {
                 const int64_t j = jr * NR;
                 float *ct = s.c + i * s.ldc + j;
                 if (s.b)
-                    sgemm_ukernel_wide<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, NR, ct,
-                                                                      s.ldc, s.alpha, s.beta);
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::strided, 2>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct,
+                                                                         s.ldc, s.alpha, s.beta, nullptr, NR);
                 else
-                    sgemm_ukernel_wide<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.bp_depth,
-                                                                     NR, NR * s.bp_depth, ct, s.ldc, s.alpha, s.beta);
+                    sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.bp_depth,
+                                                                        NR, ct, s.ldc, s.alpha, s.beta, nullptr,
+                                                                        NR * s.bp_depth);
             }
         for (; jr < s.jr1; ++jr) {                             // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
