@@ -77,6 +77,40 @@ TEST_CASE("vector exp: accuracy over the float range, exact 0 for -inf, NaN stay
     }
 }
 
+TEST_CASE("vector exp of x <= 0 (softmax's): accuracy down to the cutoff, exact 0 below it and for -inf, NaN") {
+    for (Isa isa : isas()) {
+        CAPTURE(std::string(isa_name(isa)));
+        Runtime rt(RuntimeOptions{1, isa, {}, {}});
+        const auto &k = *rt.state().softmax_kernels;
+        std::vector<float> x;
+        for (double v = -87.33; v <= 0.0; v += 0.00731) x.push_back(static_cast<float>(v));
+        // the cutoff (FLT_MIN = exp(-87.3365)) and its neighbours, the rounding's half-way points
+        for (float v : {-87.33654f, -87.3365f, -0.0f, 0.0f, -1e-30f, -1e-8f, -0.34657359f, -0.34657362f, -1.0397208f,
+                        -86.9900f, -43.6682f})
+            x.push_back(v);
+        std::vector<float> y(x.size());
+        k.exp_nonpositive(static_cast<int64_t>(x.size()), x.data(), y.data());
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(y[i] / std::exp(static_cast<double>(x[i])) - 1));
+        CHECK(worst < 5e-7);
+        const float special[] = {-kInf, -1e30f, -200.0f, -87.4f, kNaN, 0.0f, -0.0f};
+        float out[7];
+        k.exp_nonpositive(7, special, out);
+        CHECK(out[0] == 0.0f);
+        CHECK(out[1] == 0.0f);
+        CHECK(out[2] == 0.0f);
+        CHECK(out[3] == 0.0f);
+        CHECK(std::isnan(out[4]));
+        CHECK(out[5] == 1.0f);
+        CHECK(out[6] == 1.0f);
+        // A tail shorter than a vector: lanes past n are neither read nor written.
+        float tail_in[3] = {-1.0f, -2.0f, -3.0f}, tail_out[4] = {kSentinel, kSentinel, kSentinel, kSentinel};
+        k.exp_nonpositive(3, tail_in, tail_out);
+        for (int i = 0; i < 3; ++i) CHECK(std::fabs(tail_out[i] / std::exp(static_cast<double>(tail_in[i])) - 1) < 5e-7);
+        CHECK(tail_out[3] == kSentinel);
+    }
+}
+
 TEST_CASE("softmax against double: tails, spreads up to 1e3, padding never written") {
     std::vector<int64_t> widths;
     for (int64_t c = 1; c <= 33; ++c) widths.push_back(c);

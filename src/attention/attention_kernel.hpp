@@ -112,7 +112,7 @@ struct FusedAttention {
     // term is under 2e-10 of x there. Relative error: a few ulp everywhere.
     static V vtanh(const V &x) {
         const V ax = xsimd::abs(x);
-        const V e = softmax_detail::vexp<Arch>(V(-2.0f) * ax);
+        const V e = softmax_detail::vexp_nonpositive<Arch>(V(-2.0f) * ax);
         V t = (V(1.0f) - e) / (V(1.0f) + e);
         t = xsimd::select(x < V(0.0f), -t, t);
         const V x2 = x * x;

@@ -6,6 +6,7 @@
 namespace mha::softmax_detail {
 namespace {
 using K = RowKernels<MHA_ISA_ARCH>;
-const SoftmaxKernels kTable{Isa::MHA_ISA_TAG, &K::rows, &K::online_fold, &K::online_finish, &K::exp};
+const SoftmaxKernels kTable{Isa::MHA_ISA_TAG, &K::rows, &K::online_fold, &K::online_finish, &K::exp,
+                          &K::exp_nonpositive};
 } // namespace
 } // namespace mha::softmax_detail

@@ -69,10 +69,10 @@ struct RowKernels {
         V s[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
         int64_t i = 0;
         for (; i + 4 * W <= n; i += 4 * W) {
-            const V e0 = vexp<Arch>(V::load_unaligned(x + i) - vm);
-            const V e1 = vexp<Arch>(V::load_unaligned(x + i + W) - vm);
-            const V e2 = vexp<Arch>(V::load_unaligned(x + i + 2 * W) - vm);
-            const V e3 = vexp<Arch>(V::load_unaligned(x + i + 3 * W) - vm);
+            const V e0 = vexp_nonpositive<Arch>(V::load_unaligned(x + i) - vm);
+            const V e1 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + W) - vm);
+            const V e2 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + 2 * W) - vm);
+            const V e3 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + 3 * W) - vm);
             e0.store_unaligned(y + i);
             e1.store_unaligned(y + i + W);
             e2.store_unaligned(y + i + 2 * W);
@@ -84,8 +84,8 @@ struct RowKernels {
         }
         for (int a = 0; i < n; i += W, ++a) {
             const int64_t left = n - i;
-            const V e = left >= W ? vexp<Arch>(V::load_unaligned(x + i) - vm)
-                                  : vexp<Arch>(P::load(x + i, left, kNegInf) - vm);  // padding: exp(-inf) = 0
+            const V e = left >= W ? vexp_nonpositive<Arch>(V::load_unaligned(x + i) - vm)
+                                  : vexp_nonpositive<Arch>(P::load(x + i, left, kNegInf) - vm);  // padding: exp(-inf) = 0
             if (left >= W)
                 e.store_unaligned(y + i);
             else
@@ -184,7 +184,7 @@ struct RowKernels {
                 // Nothing visible yet (m_new = -inf): P = 0 and the state stays empty.
                 alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
             }
-            vexp<Arch>(V::load_aligned(alpha)).store_aligned(alpha);  // 0 where m was -inf
+            vexp_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);  // 0 where m was -inf
             V part[W];
             alignas(64) float sum[W];
             for (int64_t i = 0; i < nr; ++i) {
@@ -226,6 +226,12 @@ struct RowKernels {
         int64_t i = 0;
         for (; i + W <= n; i += W) vexp<Arch>(V::load_unaligned(x + i)).store_unaligned(y + i);
         if (i < n) P::store(y + i, n - i, vexp<Arch>(P::load(x + i, n - i, 0.0f)));
+    }
+
+    static void exp_nonpositive(int64_t n, const float *x, float *y) {
+        int64_t i = 0;
+        for (; i + W <= n; i += W) vexp_nonpositive<Arch>(V::load_unaligned(x + i)).store_unaligned(y + i);
+        if (i < n) P::store(y + i, n - i, vexp_nonpositive<Arch>(P::load(x + i, n - i, 0.0f)));
     }
 };
 

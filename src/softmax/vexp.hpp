@@ -63,5 +63,26 @@ inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
     return xsimd::select(x < V(kExpCutoff), V(0.0f), exp_poly(t) * scale);
 }
 
+// exp(x) for x <= 0, -inf or NaN: what softmax takes (x - max, and the online fold's
+// exp(m_old - m_new)). The same on AVX-512; without vscalefps there is no overflow to guard
+// here, so 2^n comes straight from the rounding's bits, 13 vector operations instead of 16 (a
+// magic bias of 1.5 * 2^23 + 127 leaves n + 127 in the low mantissa bits, which a shift moves
+// into the exponent field: n + 127 is in [1, 127] for x in [cutoff, 0]). Same accuracy as vexp;
+// x < cutoff (-inf too) gives exactly 0, NaN stays NaN (max returns its second operand on NaN).
+template <class Arch>
+inline xsimd::batch<float, Arch> vexp_nonpositive(const xsimd::batch<float, Arch> &x) {
+    using V = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<Arch, xsimd::avx512f>) return vexp<Arch>(x);
+#endif
+    using I = xsimd::batch<int32_t, Arch>;
+    constexpr float kBias = 0x1.8000FEp23f;
+    const V xc = xsimd::max(V(kExpCutoff), x);
+    const V nb = simd::fmadd(xc, V(kLog2e), V(kBias));
+    const V two_n = xsimd::bitwise_cast<V>(xsimd::bitwise_cast<I>(nb) << 23);
+    const V t = simd::fmadd(nb - V(kBias), V(kMinusLn2), xc);
+    return xsimd::select(x < V(kExpCutoff), V(0.0f), exp_poly(t) * two_n);
+}
+
 } // namespace
 } // namespace mha::softmax_detail
