@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "mha/attention.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
+#include "runtime/runtime_state.hpp"
 #include "test_util.hpp"
 
 using namespace mha;
@@ -405,6 +407,40 @@ TEST_CASE("8 host threads share one runtime") {
         });
     for (auto &th : threads) th.join();
     for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+}
+
+TEST_CASE("runtimes of one thread count share one arena; 8 host threads on 4 runtimes get the same bits") {
+    const Case c{"shared", 2, 33, 41, 4, 2, 16, 16, true};
+    Data d = make(c, 9);
+    const size_t n = static_cast<size_t>(c.B * c.Lq * c.H * c.Dv);
+    std::vector<float> want(n);
+    {
+        Runtime one(RuntimeOptions{1, {}, {}, {}});
+        attention(one, d.p, d.q.data(), d.k.data(), d.v.data(), want.data());
+    }
+    std::vector<std::unique_ptr<Runtime>> rts;
+    for (int threads : {2, 2, 3, 3}) rts.push_back(std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}, {}}));
+    CHECK(rts[0]->state().arena == rts[1]->state().arena);
+    CHECK(rts[2]->state().arena == rts[3]->state().arena);
+    CHECK(rts[0]->state().arena != rts[2]->state().arena);
+    CHECK(rts[0]->state().arena->max_concurrency() == 2);
+    CHECK(rts[2]->state().arena->max_concurrency() == 3);
+    std::vector<std::vector<float>> got(8, std::vector<float>(n));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep < 5; ++rep) attention(*rts[t % 4], d.p, d.q.data(), d.k.data(), d.v.data(), got[t].data());
+        });
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+    // The arena outlives neither its runtimes nor the last of them: a new runtime gets a new one.
+    std::weak_ptr<tbb::task_arena> gone = rts[0]->state().arena;
+    rts[0].reset();
+    CHECK(!gone.expired());  // rts[1] still holds it
+    rts[1].reset();
+    CHECK(gone.expired());
+    Runtime fresh(RuntimeOptions{2, {}, {}, {}});
+    CHECK(fresh.state().arena->max_concurrency() == 2);
 }
 
 // ---- Score modifiers: window, softcap, ALiBi, sinks (mha_attention_variant) ----------------------

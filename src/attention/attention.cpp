@@ -225,7 +225,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
             for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch.data() + w * per_item);
         };
         if (workers <= 1) return work(0);
-        st.arena.execute([&] {
+        st.arena->execute([&] {
             tbb::parallel_for(tbb::blocked_range<int64_t>(0, workers, 1),
                               [&](const tbb::blocked_range<int64_t> &r) {
                                   for (int64_t w = r.begin(); w != r.end(); ++w) work(w);

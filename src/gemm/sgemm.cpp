@@ -206,7 +206,7 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     p.nr = uk.nr;
     p.n_padded = round_up(n, uk.nr);
     p.data = detail::AlignedBuffer(static_cast<size_t>(std::max<int64_t>(1, k * p.n_padded)));
-    s.arena.execute([&] {
+    s.arena->execute([&] {
         for (int64_t pc = 0; pc < k; pc += p.kc) {
             const int64_t kc = std::min(p.kc, k - pc), panels = p.n_padded / uk.nr;
             parallel_chunks(panels, s.num_threads, [&](int64_t j0, int64_t j1) {
@@ -223,7 +223,7 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
 template <class Fn>
 void in_arena(RuntimeState &s, double flops, const Fn &fn) {
     if (s.threads_for(flops, s.tiles.parallel_min_flops) == 1) return fn();
-    s.arena.execute(fn);
+    s.arena->execute(fn);
 }
 
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,

@@ -238,7 +238,7 @@ struct Layer::Impl {
                                                         st.tiles.parallel_min_flops)
                                        : 1;
         if (threads > 1) {
-            st.arena.execute([&] {
+            st.arena->execute([&] {
                 tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 1), [&](const tbb::blocked_range<int64_t> &r) {
                     for (int64_t b = r.begin(); b != r.end(); ++b) run_block(b, true);
                 }, tbb::simple_partitioner());

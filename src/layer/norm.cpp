@@ -21,7 +21,7 @@ void add_norm_rows(detail::RuntimeState &st, bool norm, int64_t rows, int64_t n,
     const int64_t blocks = (rows + kBlock - 1) / kBlock;
     if (blocks <= 1 || st.threads_for(static_cast<double>(rows) * static_cast<double>(n), st.tiles.parallel_min_elems) == 1)
         return block(0, rows);
-    st.arena.execute([&] {
+    st.arena->execute([&] {
         tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 1), [&](const tbb::blocked_range<int64_t> &r) {
             for (int64_t b = r.begin(); b != r.end(); ++b) block(b * kBlock, std::min(rows, (b + 1) * kBlock));
         });

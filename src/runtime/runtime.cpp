@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -102,6 +105,25 @@ Isa choose_isa(const RuntimeOptions &o) {
     return isa;
 }
 
+// The arena of `threads` threads that every live runtime of that size uses. One per size, not one
+// per runtime: TBB's market hands its workers (one fewer than the cores) to arenas that ask, and a
+// worker stays in the arena it last worked in for a while after the work is done, so with two
+// arenas of a size, calls on the second ran short of threads while the first kept the worker
+// (Zen 5, two 2-thread runtimes calling L128 H8 D64 attention in turn: 93-98 us on the runtime
+// made first, 120-151 us on the other; 177 us on one thread). Calls share an arena as the calls
+// of many host threads into one runtime always have.
+std::shared_ptr<tbb::task_arena> shared_arena(int threads) {
+    static std::mutex mutex;
+    static std::map<int, std::weak_ptr<tbb::task_arena>> arenas;
+    std::lock_guard lock(mutex);
+    std::weak_ptr<tbb::task_arena> &slot = arenas[threads];
+    if (auto a = slot.lock()) return a;
+    auto a = std::make_shared<tbb::task_arena>(threads);
+    a->initialize();
+    slot = a;
+    return a;
+}
+
 } // namespace
 
 Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::RuntimeState>()) {
@@ -132,8 +154,8 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);
-    s.arena.initialize(s.num_threads);
-    s.slots = s.arena.max_concurrency();
+    s.arena = shared_arena(s.num_threads);
+    s.slots = s.arena->max_concurrency();
 }
 
 Runtime::~Runtime() = default;

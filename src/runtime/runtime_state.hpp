@@ -64,7 +64,9 @@ struct RuntimeState {
     TileConfig tiles;
     const gemm::SgemmKernel *sgemm = nullptr;
     const softmax_detail::SoftmaxKernels *softmax_kernels = nullptr;
-    tbb::task_arena arena;
+    // Runtimes of one thread count share one arena (see shared_arena in runtime.cpp): separate
+    // arenas of a size compete for TBB's few worker threads.
+    std::shared_ptr<tbb::task_arena> arena;
     // Scratch is borrowed per call, all of it before the call writes anything, so running out of
     // memory never leaves an output half written. A call splits its per-thread part by arena slot:
     // threads inside one arena have distinct slots, and task bodies never block inside TBB.

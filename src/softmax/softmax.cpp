@@ -44,7 +44,7 @@ void softmax(Runtime &rt, int64_t rows, int64_t cols, const float *x, int64_t ld
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
     if (rows <= grain || s.threads_for(static_cast<double>(rows) * static_cast<double>(cols), s.tiles.parallel_min_elems) == 1)
         return rows_fn(rows, cols, x, ldx, y, ldy);
-    s.arena.execute([&] {
+    s.arena->execute([&] {
         tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t> &r) {
             rows_fn(static_cast<int64_t>(r.size()), cols, x + r.begin() * ldx, ldx, y + r.begin() * ldy, ldy);
         });
