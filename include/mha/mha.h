@@ -25,8 +25,9 @@ typedef enum mha_status {
 const char *mha_last_error(void);
 
 /* A runtime owns a thread arena of num_threads (0 = all hardware threads; the runtimes of one size
- * share one arena), the tile config, and per-thread scratch. Many host threads may call one runtime at the same time. The tile config is
- * read from the file named by MHA_TILE_CONFIG if that is set (a broken one fails the call).
+ * share one arena), the tile config, and per-thread scratch. Many host threads may call one
+ * runtime at the same time. The tile config is read from the file named by MHA_TILE_CONFIG if
+ * that is set (a broken one fails the call).
  * The ISA is picked from the CPU; the environment variable MHA_ISA=avx2|avx512 overrides it
  * (MHA_UNSUPPORTED if the CPU lacks it). */
 typedef struct mha_runtime mha_runtime;
