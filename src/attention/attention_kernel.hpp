@@ -5,7 +5,8 @@
 // The rows of every head that shares one KV head are stacked into one block of M rows, so each
 // packed K and V tile serves the whole group (GQA/MQA without copies). For each key tile, K^T
 // and V are packed, then each register panel of MR rows goes through
-//   S = (scale Q) K^T        the GEMM microkernel on packed panels
+//   S = scale (Q K^T)        the GEMM microkernel (alpha = scale) on Q's rows (see q_in_place)
+//                            and K^T's packed panels
 //   masks -> -inf            causal, valid length and the boolean mask, from their compact forms
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
 //   acc += P V               the microkernel again, P read in place
@@ -16,10 +17,10 @@
 //
 // One arithmetic for every path, so a row's bits depend on nothing but its own inputs: a score is
 // the microkernel's ordered FMA chain over the head dimension (K read from a packed panel: packed
-// here, or as the KV cache stores it); key tiles start at multiples of block_k and chunks at
-// multiples of kv_chunk (absolute positions); the fold's sums ignore -inf past a row's keys (see
-// RowKernels::exp_store_sum); and P V adds each tile's ordered FMA chain, started from zero, to the
-// rescaled accumulator. K and V come from dense tensors (ragged or not) or from the paged cache
+// here, or as the KV cache stores it), times the scale; key tiles start at multiples of block_k
+// and chunks at multiples of kv_chunk (absolute positions); the fold's sums ignore -inf past a
+// row's keys (see RowKernels::exp_store_sum); and P V adds each tile's ordered FMA chain, started
+// from zero, to the rescaled accumulator. K and V come from dense tensors (ragged or not) or from the paged cache
 // (Shape::kv_cache).
 #pragma once
 
@@ -43,13 +44,16 @@ inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // The scratch layout of one item: the larger of what a packed and a direct item need.
 struct ItemScratch {
     float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc, *t;
+    // Where Q K^T reads the item's Q rows (set by pack_q): the caller's Q in place, or q_rows.
+    mutable const float *q_read = nullptr;
+    mutable int64_t q_ld = 0;
     static constexpr int kParts = 12;
     static void kind_sizes(const Shape &s, bool direct, int mr, int nr, int64_t out[kParts]) {
         const int64_t BK = s.block_k, D = s.head_dim, Dv = s.value_dim;
         // Rows: a query block of the group's heads, or every KV head's rows of a direct item.
         const int64_t M = direct ? s.kv_heads * kDirectRows : s.group() * s.block_q;
         const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
-        out[0] = M * D;                                                   // q_rows: scaled Q rows, row-major
+        out[0] = M * D;                                                   // q_rows: Q rows, row-major
         // q_packed: MR-row panels (per KV head), or a direct item's Q^T, rows padded to 16
         out[1] = direct ? s.kv_heads * round_up_to(kDirectRows, std::max(mr, 16)) * D : round_up_to(M, mr) * D;
         out[2] = direct ? 0 : tiles * round_up_to(BK, nr) * D;            // k_packed: K^T in NR-column panels
@@ -215,19 +219,19 @@ struct FusedAttention {
     // their operands fit the vector registers: at decode's 4 rows one panel's 8 chains are too
     // few to cover the FMA latency (Zen 5, decode B16 Lk4096 H32/8 D128: 7.0 -> 6.6 ms).
     template <int R>
-    static void scores_i8_rows(int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc, float *s,
-                               int64_t lds, const int8_t *pf) {
+    static void scores_i8_rows(int64_t n, int64_t D, float scale, const float *qp, const int8_t *k8, const float *sc,
+                               float *s, int64_t lds, const int8_t *pf) {
         constexpr int kRegs = W == 16 ? 32 : 16;
         constexpr int P = 2 * R * NV + 2 * NV + 1 <= kRegs ? 2 : 1;
         int64_t p = 0;
         for (; (p + P) * NR <= n; p += P)
-            scores_i8_pass<R, P>(NR * P, D, qp, k8 + p * NR * D, pf + p * NR * D, sc + p * NR, s + p * NR, lds);
+            scores_i8_pass<R, P>(NR * P, D, scale, qp, k8 + p * NR * D, pf + p * NR * D, sc + p * NR, s + p * NR, lds);
         for (; p * NR < n; ++p)
-            scores_i8_pass<R, 1>(std::min<int64_t>(NR, n - p * NR), D, qp, k8 + p * NR * D, pf + p * NR * D,
+            scores_i8_pass<R, 1>(std::min<int64_t>(NR, n - p * NR), D, scale, qp, k8 + p * NR * D, pf + p * NR * D,
                                  sc + p * NR, s + p * NR, lds);
     }
     template <int R, int P>
-    static void scores_i8_pass(int64_t m, int64_t D, const float *qp, const int8_t *kp, const int8_t *kf,
+    static void scores_i8_pass(int64_t m, int64_t D, float scale, const float *qp, const int8_t *kp, const int8_t *kf,
                                const float *sc, float *s, int64_t lds) {
         V acc[R][P][NV];
         for (int r = 0; r < R; ++r)
@@ -250,19 +254,20 @@ struct FusedAttention {
                 const int64_t o = q * NR + c * W, lanes = std::min<int64_t>(W, m - o);
                 const V f = lanes == W ? V::load_unaligned(sc + o) : Tail::load(sc + o, lanes, 0.0f);
                 for (int r = 0; r < R; ++r) {
+                    const V score = acc[r][q][c] * V(scale) * f;  // (chain x scale) x the key's scale
                     if (lanes == W)
-                        (acc[r][q][c] * f).store_unaligned(s + r * lds + o);
+                        score.store_unaligned(s + r * lds + o);
                     else
-                        Tail::store(s + r * lds + o, lanes, acc[r][q][c] * f);
+                        Tail::store(s + r * lds + o, lanes, score);
                 }
             }
     }
     template <int R = 1>
-    static void scores_i8(int64_t rows, int64_t n, int64_t D, const float *qp, const int8_t *k8, const float *sc,
-                          float *s, int64_t lds, const int8_t *pf) {
+    static void scores_i8(int64_t rows, int64_t n, int64_t D, float scale, const float *qp, const int8_t *k8,
+                          const float *sc, float *s, int64_t lds, const int8_t *pf) {
         if constexpr (R <= MR) {
-            if (rows == R) return scores_i8_rows<R>(n, D, qp, k8, sc, s, lds, pf);
-            scores_i8<R + 1>(rows, n, D, qp, k8, sc, s, lds, pf);
+            if (rows == R) return scores_i8_rows<R>(n, D, scale, qp, k8, sc, s, lds, pf);
+            scores_i8<R + 1>(rows, n, D, scale, qp, k8, sc, s, lds, pf);
         }
     }
 
@@ -391,16 +396,16 @@ struct FusedAttention {
                                                  [&](int64_t g, int64_t key) { return c.k_panels_i8(it.b, g, key, D); },
                                                  c.v_panels_i8(it.b, it.g, j0));
                     for (int64_t r0 = 0; r0 < Mg; r0 += MR)
-                        scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, qh + r0 * D,
+                        scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, s.scale, qh + r0 * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
                                   sh + r0 * s.block_k, s.block_k, next);
                 } else if (s.kv_cache) {
                     gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
                                                            s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
-                                                           s.block_k, 1.0f, 0.0f);
+                                                           s.block_k, s.scale, 0.0f);
                 }
                 else
-                    DirectTiles<Arch>::scores(Mg, step, D, w.q_packed + h * direct_ldqt(Mg) * D, direct_ldqt(Mg),
+                    DirectTiles<Arch>::scores(Mg, step, D, s.scale, w.q_packed + h * direct_ldqt(Mg) * D, direct_ldqt(Mg),
                                               k + s.kv_row(it.b, j0 + j) * s.ldk + (it.g + h) * D, s.ldk, sh,
                                               s.block_k);
             }
@@ -462,13 +467,13 @@ struct FusedAttention {
                                 int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w, int64_t &first) {
         const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n, &first), D = s.head_dim;
         if (cols == 0) return 0;
-        // The scaled Q rows are read where pack_q left them (MR rows D apart stay in L1): the
-        // microkernel's sums are the same as from packed panels, without the packing.
-        const float *qr = w.q_rows + r0 * D;
+        // Q's rows are read where pack_q says (see q_in_place): the microkernel's sums are the
+        // same as from packed panels, without the packing; a score is its chain times the scale.
+        const float *qr = w.q_read + r0 * w.q_ld;
         float *sp = w.s + r0 * s.block_k;
         auto scores = [&](int64_t n_keys, const float *panels, float *dst) {
-            gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, n_keys, D, 0, (n_keys + NR - 1) / NR, qr, D, 1,
-                                                              nullptr, 0, panels, D, dst, s.block_k, 1.0f, 0.0f});
+            gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, n_keys, D, 0, (n_keys + NR - 1) / NR, qr, w.q_ld,
+                                                              1, nullptr, 0, panels, D, dst, s.block_k, s.scale, 0.0f});
         };
         if (s.kv_cache && !s.kv_cache->i8) {  // the cache's panels, block by block
             for (int64_t j = first, run; j < cols; j += run) {
@@ -499,15 +504,28 @@ struct FusedAttention {
         }
     }
 
-    // Scaled Q rows of the item's heads, stacked head by head (packed items' Q K^T reads them there);
-    // a direct item's are then packed too, one block per KV head.
+    // Whether Q K^T reads a packed item's Q rows where they lie: one head's rows (G = 1) are evenly
+    // spaced there, and unless that spacing is a multiple of 4 KiB (rows then share L1 sets: 2%
+    // slower at H8 D128 on Zen 5) reading them in place beats copying them (L128 H8 D64: +2-6%).
+    static bool q_in_place(const Shape &s, const Item &it) {
+        return !it.direct && s.group() == 1 && s.ldq * static_cast<int64_t>(sizeof(float)) % 4096 != 0;
+    }
+
+    // The item's Q rows as Q K^T reads them: in place (see q_in_place), or copied into q_rows, the
+    // heads' rows stacked head by head; a direct item's are then packed too, one block per KV head.
     static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
+        if (q_in_place(s, it)) {
+            w.q_read = q + s.q_row(it.b, it.i0) * s.ldq + it.g * D;
+            w.q_ld = s.ldq;
+            return;
+        }
+        w.q_read = w.q_rows;
+        w.q_ld = D;
         for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
             for (int64_t i = it.i0; i < it.i1; ++i) {
                 const float *src = q + s.q_row(it.b, i) * s.ldq + (it.g * G + hh) * D;
-                float *dst = w.q_rows + (hh * rows_per_head + i - it.i0) * D;
-                for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * s.scale;
+                std::copy(src, src + D, w.q_rows + (hh * rows_per_head + i - it.i0) * D);
             }
         if (!it.direct) return;  // panel_scores reads the rows in place
         const int64_t Mg = G * rows_per_head;

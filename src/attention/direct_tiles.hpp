@@ -39,14 +39,14 @@ struct DirectTiles {
     // ms). int8 rows are asked for one call ahead instead (the caller says where that call reads).
     static constexpr int64_t kPrefetchKeys = 32;
 
-    // s[r * lds + j] = sum_d qt[d * ldqt + r] * k[j * ldk + d] for r < M <= 2 W, j < n, the
-    // head dimension in order. qt is Q transposed, its rows padded to a whole vector (ldqt).
-    static void scores(int64_t M, int64_t n, int64_t D, const float *qt, int64_t ldqt, const float *k, int64_t ldk,
-                       float *s, int64_t lds) {
+    // s[r * lds + j] = (sum_d qt[d * ldqt + r] * k[j * ldk + d]) * scale for r < M <= 2 W, j < n,
+    // the head dimension in order. qt is Q transposed, its rows padded to a whole vector (ldqt).
+    static void scores(int64_t M, int64_t n, int64_t D, float scale, const float *qt, int64_t ldqt, const float *k,
+                       int64_t ldk, float *s, int64_t lds) {
         if (M <= W)
-            scores_keys<1, 8>(M, n, D, qt, ldqt, k, ldk, s, lds);
+            scores_keys<1, 8>(M, n, D, scale, qt, ldqt, k, ldk, s, lds);
         else
-            scores_keys<2, 4>(M, n, D, qt, ldqt, k, ldk, s, lds);
+            scores_keys<2, 4>(M, n, D, scale, qt, ldqt, k, ldk, s, lds);
     }
 
     // Q^T for scores(): qt[d * ldqt + r] = q[r * D + d], rows M..ldqt zero.
@@ -102,8 +102,8 @@ private:
     // R vectors of rows x KB keys of sums in registers; past the tile's end the last key repeats
     // (its sums are not stored).
     template <int R, int KB>
-    static void scores_keys(int64_t M, int64_t n, int64_t D, const float *qt, int64_t ldqt, const float *k,
-                            int64_t ldk, float *s, int64_t lds) {
+    static void scores_keys(int64_t M, int64_t n, int64_t D, float scale, const float *qt, int64_t ldqt,
+                            const float *k, int64_t ldk, float *s, int64_t lds) {
         alignas(64) float lanes[KB][R * W];
         for (int64_t j = 0; j < n; j += KB) {
             const int64_t nk = std::min<int64_t>(KB, n - j);
@@ -123,7 +123,7 @@ private:
             for (int t = 0; t < KB; ++t)
                 for (int r = 0; r < R; ++r) acc[r][t].store_aligned(lanes[t] + r * W);
             for (int64_t r = 0; r < M; ++r)
-                for (int64_t t = 0; t < nk; ++t) s[r * lds + j + t] = lanes[t][r];
+                for (int64_t t = 0; t < nk; ++t) s[r * lds + j + t] = lanes[t][r] * scale;
         }
     }
 
