@@ -157,9 +157,10 @@ struct FusedAttention {
 
     // The int8 cache's arithmetic, the same on every path (so prefill, chunks and decode agree
     // bit for bit): a score is the microkernel's FMA chain over the head dimension on the stored
-    // integers (exact in fp32), times the key's scale; P V is the chain over the keys of
-    // P times the value's scale, against the stored integers. Scaling once per score and once
-    // per probability, not once per stored value, is what lets decode widen in registers.
+    // integers (exact in fp32), times the call's scale, times the key's scale; P V is the chain
+    // over the keys of P times the value's scale, against the stored integers. Scaling once per
+    // score and once per probability, not once per stored value, is what lets decode widen in
+    // registers.
     //
     // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
     // widened to fp32 in the same panel layout, unscaled. Lanes past n get 0.
