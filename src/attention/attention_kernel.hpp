@@ -20,8 +20,8 @@
 // here, or as the KV cache stores it), times the scale; key tiles start at multiples of block_k
 // and chunks at multiples of kv_chunk (absolute positions); the fold's sums ignore -inf past a
 // row's keys (see RowKernels::exp_store_sum); and P V adds each tile's ordered FMA chain, started
-// from zero, to the rescaled accumulator. K and V come from dense tensors (ragged or not) or from the paged cache
-// (Shape::kv_cache).
+// from zero, to the rescaled accumulator. K and V come from dense tensors (ragged or not) or from
+// the paged cache (Shape::kv_cache).
 #pragma once
 
 #include <algorithm>
