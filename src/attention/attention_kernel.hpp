@@ -45,8 +45,8 @@ inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 struct ItemScratch {
     float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc, *t;
     // Where Q K^T reads the item's Q rows (set by pack_q): the caller's Q in place, or q_rows.
-    mutable const float *q_read = nullptr;
-    mutable int64_t q_ld = 0;
+    const float *q_read = nullptr;
+    int64_t q_ld = 0;
     static constexpr int kParts = 12;
     static void kind_sizes(const Shape &s, bool direct, int mr, int nr, int64_t out[kParts]) {
         const int64_t BK = s.block_k, D = s.head_dim, Dv = s.value_dim;
@@ -514,7 +514,7 @@ struct FusedAttention {
 
     // The item's Q rows as Q K^T reads them: in place (see q_in_place), or copied into q_rows, the
     // heads' rows stacked head by head; a direct item's are then packed too, one block per KV head.
-    static void pack_q(const Shape &s, const float *q, const Item &it, const ItemScratch &w) {
+    static void pack_q(const Shape &s, const float *q, const Item &it, ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         if (q_in_place(s, it)) {
             w.q_read = q + s.q_row(it.b, it.i0) * s.ldq + it.g * D;
@@ -633,7 +633,7 @@ struct FusedAttention {
     // merged as it completes.
     static void run(const Shape &s, const float *q, const float *k, const float *v, float *out, const Item &strip,
                     float *scratch) {
-        const ItemScratch w(s, MR, NR, scratch);
+        ItemScratch w(s, MR, NR, scratch);
         KVTiles kv;
         kv.end = key_end(s, strip);
         for (int64_t i0 = strip.i0; i0 < strip.i1; i0 += s.block_q) {
@@ -663,7 +663,7 @@ struct FusedAttention {
     // One key chunk of an item, into a caller-owned state (for splitting the keys over threads).
     static void run_chunk(const Shape &s, const float *q, const float *k, const float *v, const Item &it,
                           int64_t chunk_index, float *state, float *scratch) {
-        const ItemScratch w(s, MR, NR, scratch);
+        ItemScratch w(s, MR, NR, scratch);
         const int64_t M = it.rows(s), end = key_end(s, it), c0 = chunk_index * s.kv_chunk;
         pack_q(s, q, it, w);
         KVTiles kv;
@@ -673,7 +673,7 @@ struct FusedAttention {
     // Merges the item's chunk states in order, then finishes as run() does.
     static void run_merge(const Shape &s, const float *q, const float *k, float *out, const Item &it,
                           int64_t chunks, const float *states, float *scratch) {
-        const ItemScratch w(s, MR, NR, scratch);
+        ItemScratch w(s, MR, NR, scratch);
         const int64_t M = it.rows(s), Dv = s.value_dim, per = M * (2 + Dv);
         start(M, Dv, w.m, w.l, w.acc);
         for (int64_t c = 0; c < chunks; ++c) {
