@@ -56,32 +56,34 @@ namespace {
 
 using ExpFn = void (*)(int64_t n, const float *x, float *y);
 
-// One of the vector exps on `x` (its domain's points, then its specials): relative error under
-// 5e-7 (about 4 ulp: the one-constant range reduction costs up to 127 * 1.9e-9), exactly 0 below
-// the cutoff (exp(-87.3365) = FLT_MIN) and for -inf, NaN stays NaN, exp(+-0) = 1, and a tail
-// shorter than a vector neither read nor written past its end.
-void check_exp(ExpFn exp, std::vector<float> x) {
+// One of the vector exps (e^x, or 2^x with base2) on `x` (its domain's points, then its
+// specials): relative error under 5e-7 (about 4 ulp: the one-constant range reduction of e^x costs
+// up to 127 * 1.9e-9), exactly 0 below the cutoff (FLT_MIN: e^-87.3365, 2^-126) and for -inf, NaN
+// stays NaN, e^+-0 = 2^+-0 = 1, and a tail shorter than a vector neither read nor written past its
+// end.
+void check_exp(ExpFn exp, std::vector<float> x, bool base2 = false) {
+    auto want = [&](float v) { return base2 ? std::exp2(static_cast<double>(v)) : std::exp(static_cast<double>(v)); };
     std::vector<float> y(x.size());
     exp(static_cast<int64_t>(x.size()), x.data(), y.data());
     double worst = 0;
-    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(y[i] / std::exp(static_cast<double>(x[i])) - 1));
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(y[i] / want(x[i]) - 1));
     CHECK(worst < 5e-7);
-    const float special[] = {-kInf, -1e30f, -200.0f, -87.4f, kNaN, 0.0f, -0.0f};
+    const float special[] = {-kInf, -1e30f, -200.0f, base2 ? -126.01f : -87.4f, kNaN, 0.0f, -0.0f};
     float out[7];
     exp(7, special, out);
     for (int i = 0; i < 4; ++i) CHECK(out[i] == 0.0f);
     CHECK(std::isnan(out[4]));
     CHECK(out[5] == 1.0f);
     CHECK(out[6] == 1.0f);
-    float tail_in[3] = {-1.0f, -2.0f, -3.0f}, tail_out[4] = {kSentinel, kSentinel, kSentinel, kSentinel};
+    float tail_in[3] = {-1.0f, -2.5f, -3.0f}, tail_out[4] = {kSentinel, kSentinel, kSentinel, kSentinel};
     exp(3, tail_in, tail_out);
-    for (int i = 0; i < 3; ++i) CHECK(std::fabs(tail_out[i] / std::exp(static_cast<double>(tail_in[i])) - 1) < 5e-7);
+    for (int i = 0; i < 3; ++i) CHECK(std::fabs(tail_out[i] / want(tail_in[i]) - 1) < 5e-7);
     CHECK(tail_out[3] == kSentinel);
 }
 
 } // namespace
 
-TEST_CASE("vector exps: the general one over the float range, softmax's (x <= 0) down to the cutoff") {
+TEST_CASE("vector exps: the general one over the float range, tanh's (x <= 0) and softmax's 2^x down to the cutoff") {
     for (Isa isa : isas()) {
         CAPTURE(std::string(isa_name(isa)));
         Runtime rt(RuntimeOptions{1, isa, {}, {}});
@@ -96,6 +98,14 @@ TEST_CASE("vector exps: the general one over the float range, softmax's (x <= 0)
                         -86.9900f, -43.6682f})
             nonpositive.push_back(v);
         check_exp(rt.state().softmax_kernels->exp_nonpositive, nonpositive);
+        // AVX-512's softmax's 2^x: down to its cutoff, the floors at and between the integers
+        if (!rt.state().softmax_kernels->exp2_nonpositive) continue;
+        std::vector<float> base2;
+        for (double v = -126.0; v <= 0.0; v += 0.00931) base2.push_back(static_cast<float>(v));
+        for (float v : {-126.0f, -125.99999f, -125.5f, -125.49999f, -0.0f, 0.0f, -1e-30f, -1e-8f, -0.5f, -0.49999997f,
+                        -0.50000006f, -1.0f, -0.99999994f, -1.5f, -2.0f, -63.5f, -64.0f})
+            base2.push_back(v);
+        check_exp(rt.state().softmax_kernels->exp2_nonpositive, base2, true);
     }
 }
 
@@ -180,10 +190,15 @@ TEST_CASE("in place, and the same bits on 1 and 2 threads and for a row alone or
 
 TEST_CASE("online softmax: folding in blocks of any size equals the one-shot softmax") {
     const int64_t rows = 5, cols = 203;
-    auto x = test::random_floats(static_cast<size_t>(rows * cols), 6, -30.0f, 30.0f);
-    for (int64_t c = 0; c < 50; ++c) x[static_cast<size_t>(cols + c)] = -kInf;  // row 1: first 50 masked
-    for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(2 * cols + c)] = -kInf;  // row 2: all masked
+    // Logits around 0, and around 2^20, where the exps leave base 2 (kBase2Limit): below it, on
+    // both sides (the running max crosses it, so the fold rescales across the two forms), above.
+    for (float offset : {0.0f, 1048000.0f, 1048560.0f, 1049000.0f})
     for (Isa isa : isas()) {
+        CAPTURE(offset);
+        auto x = test::random_floats(static_cast<size_t>(rows * cols), 6, -30.0f, 30.0f);
+        for (float &v : x) v += offset;
+        for (int64_t c = 0; c < 50; ++c) x[static_cast<size_t>(cols + c)] = -kInf;  // row 1: first 50 masked
+        for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(2 * cols + c)] = -kInf;  // row 2: all masked
         CAPTURE(std::string(isa_name(isa)));
         Runtime rt(RuntimeOptions{1, isa, {}, {}});
         for (int64_t block : std::initializer_list<int64_t>{1, 3, 16, 17, 50, 64, 100, cols}) {

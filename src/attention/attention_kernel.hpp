@@ -596,13 +596,14 @@ struct FusedAttention {
     }
 
     // Folds a chunk's state (cm, cl, cacc) into the running state (m, l, acc), row by row, in the
-    // order the chunks come.
+    // order the chunks come, each state rescaled as the fold does (RowKernels::rescale: in base 2,
+    // so the rounding of its max to base 2 cancels).
     static void merge(int64_t M, int64_t Dv, float *m, float *l, float *acc, const float *cm, const float *cl,
                       const float *cacc) {
         for (int64_t r = 0; r < M; ++r) {
             if (cm[r] == kNegInf) continue;  // the chunk showed this row nothing
             const float mn = std::isnan(cm[r]) || std::isnan(m[r]) ? cm[r] + m[r] : std::max(m[r], cm[r]);
-            const float a = std::exp(m[r] - mn), b = std::exp(cm[r] - mn);
+            const float a = Rows::rescale(m[r], mn), b = Rows::rescale(cm[r], mn);
             float *ar = acc + r * Dv;
             const float *cr = cacc + r * Dv;
             for (int64_t d = 0; d < Dv; ++d) ar[d] = ar[d] * a + cr[d] * b;
@@ -615,10 +616,13 @@ struct FusedAttention {
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink], the
-        // sink's column dropped). A row that sees no key stays zeros.
+        // sink's column dropped), in base 2 as the scores' exps are. A row that sees no key stays
+        // zeros.
         if (s.sinks)
             for (int64_t r = 0; r < M; ++r)
-                if (w.l[r] > 0.0f) w.l[r] += std::exp(s.sinks[it.g * G + r / rows_per_head] - w.m[r]);
+                if (w.l[r] > 0.0f)
+                    w.l[r] += static_cast<float>(std::exp2(static_cast<double>(s.sinks[it.g * G + r / rows_per_head]) *
+                                                               softmax_detail::kLog2e - Rows::ref(w.m[r])));
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
             float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;

@@ -1,6 +1,13 @@
 // The softmax kernels, written once over an xsimd architecture and instantiated per ISA
 // (kernels_<isa>.cpp). Built from three small primitives, as XNNPACK builds its softmax: the row
 // max, exp(x - max) with a running sum and a store, and a scale.
+//
+// AVX-512 takes the exps in base 2, as FlashAttention-2 does: exp(x - max) = 2^(x log2e - max
+// log2e), with max log2e rounded once (base2()) and x log2e - max log2e one FMA, which
+// vexp2_nonpositive takes without a range reduction of its own. The rounding of max log2e scales
+// a row's every entry and its sum alike, so it cancels in the division; the online fold and the
+// chunk merges rescale by 2^(base2(m_old) - base2(m_new)), so it cancels across blocks too.
+// Zen 5, 1 thread, against exp(x - max): softmax 1.02-1.03x at 1024 x 128, 1.09x at 8 x 32768.
 #pragma once
 
 #include <cmath>
@@ -54,7 +61,34 @@ struct RowKernels {
         return false;
     }
 
-    // y[i] = exp(x[i] - max) for i < n; returns their sum. Vector v of the row (x[v W : v W + W])
+    // Rows whose max is at least this large in magnitude take exp(x - max) as such (vexp_nonpositive):
+    // there max log2e would round by 1/16 or more (and overflow past 2.4e38), so 2^-(its rounding)
+    // could leave the range of float.
+    static constexpr float kBase2Limit = 0x1p20f;
+    // Base 2 on AVX-512 only: without vreduceps and vscalefps (AVX2) its exp takes as many
+    // operations as exp(x - max) does, and timed slower (Zen 5, 512 x 512: 0.94x).
+    static constexpr bool kBase2 = std::is_same_v<Arch, xsimd::avx512f>;
+    static bool in_base2(float max) { return kBase2 && std::fabs(max) < kBase2Limit; }  // false for +-inf, NaN
+
+    // What a row's exps with max m are relative to, in base 2 (each is 2^(x log2e - ref(m))).
+    static double ref(float m) { return in_base2(m) ? base2(m) : static_cast<double>(m) * kLog2e; }
+
+    // The factor that takes exps and sums relative to max m_old to m_new >= m_old (or -inf, NaN):
+    // 2^(ref(m_old) - ref(m_new)), 0 for m_old = -inf. The online fold's and the chunk merges'.
+    static float rescale(float m_old, float m_new) {
+        return static_cast<float>(std::exp2(ref(m_old) - ref(m_new)));
+    }
+
+    // max log2e, rounded: the base-2 max every exp of a row with this max is taken against. The
+    // rounding must happen here: contracted into an FMA, base2(m_old) - base2(m_new) would no
+    // longer cancel it (the rescale would be off by up to an ulp of m log2e, 6e-7 at m = 30).
+    static float base2(float max) {
+        float r = max * kLog2e;
+        asm("" : "+x"(r));
+        return r;
+    }
+
+    // y[i] = exp(x[i] - max) for i < n (as 2^(x[i] log2e - base2(max))); returns their sum. Vector v of the row (x[v W : v W + W])
     // always goes into accumulator v % 4, and the four are combined in one fixed order, so entries
     // that add 0 (exp(-inf)) past the end of a row never change its sum: a row gives the same bits
     // whatever n its caller covers beyond the row's last finite score. x == y is allowed.
@@ -65,14 +99,24 @@ struct RowKernels {
     // exp_store_sum before its last step: the row's sum as one vector, whose lanes xsimd::hadd
     // adds up (hadd_rows does that for many rows at once, in the same order).
     static V exp_store_partial(const float *x, int64_t n, float max, float *y) {
-        const V vm(max);
+        if constexpr (kBase2)
+            if (in_base2(max)) {
+                const V vl(kLog2e), vm(-base2(max));
+                return exp_store_loop(x, n, y, [&](const V &v) { return vexp2_nonpositive<Arch>(simd::fmadd(v, vl, vm)); });
+            }
+        const V vm(max);  // AVX2, or a huge max (see kBase2Limit): exp(x - max) as such
+        return exp_store_loop(x, n, y, [&](const V &v) { return vexp_nonpositive<Arch>(v - vm); });
+    }
+
+    template <class Exp>
+    static V exp_store_loop(const float *x, int64_t n, float *y, const Exp &exp) {
         V s[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
         int64_t i = 0;
         for (; i + 4 * W <= n; i += 4 * W) {
-            const V e0 = vexp_nonpositive<Arch>(V::load_unaligned(x + i) - vm);
-            const V e1 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + W) - vm);
-            const V e2 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + 2 * W) - vm);
-            const V e3 = vexp_nonpositive<Arch>(V::load_unaligned(x + i + 3 * W) - vm);
+            const V e0 = exp(V::load_unaligned(x + i));
+            const V e1 = exp(V::load_unaligned(x + i + W));
+            const V e2 = exp(V::load_unaligned(x + i + 2 * W));
+            const V e3 = exp(V::load_unaligned(x + i + 3 * W));
             e0.store_unaligned(y + i);
             e1.store_unaligned(y + i + W);
             e2.store_unaligned(y + i + 2 * W);
@@ -84,8 +128,7 @@ struct RowKernels {
         }
         for (int a = 0; i < n; i += W, ++a) {
             const int64_t left = n - i;
-            const V e = left >= W ? vexp_nonpositive<Arch>(V::load_unaligned(x + i) - vm)
-                                  : vexp_nonpositive<Arch>(P::load(x + i, left, kNegInf) - vm);  // padding: exp(-inf) = 0
+            const V e = exp(left >= W ? V::load_unaligned(x + i) : P::load(x + i, left, kNegInf));  // padding: exp(-inf) = 0
             if (left >= W)
                 e.store_unaligned(y + i);
             else
@@ -168,13 +211,15 @@ struct RowKernels {
 
     // The online softmax step (Milakov & Gimelshein 2018, as used by FlashAttention): folds a
     // block of scores into the running max m and sum l of each row, turns the block into
-    // P = exp(s - m_new) in place, and rescales the row's accumulated output by exp(m_old - m_new).
-    // The rescale factors exp(m_old - m_new) of W rows at a time come from one vexp.
+    // P = exp(s - m_new) in place, and rescales the row's accumulated output by exp(m_old - m_new),
+    // both in base 2 (see the top): the rescale is 2^(base2(m_old) - base2(m_new)), W rows at a
+    // time from one vexp2.
     static void online_fold(int64_t rows, int64_t cols, float *s, int64_t lds, float *m, float *l, float *acc,
                             int64_t ldacc, int64_t acc_cols) {
         for (int64_t r0 = 0; r0 < rows; r0 += W) {
             const int64_t nr = rows - r0 < W ? rows - r0 : W;
             alignas(64) float m_new[W], alpha[W] = {};
+            bool both_base2 = true;
             for (int64_t i = 0; i < nr; ++i) {
                 const int64_t r = r0 + i;
                 float *sr = s + r * lds;
@@ -182,9 +227,22 @@ struct RowKernels {
                 if (bm == kNegInf && has_nan(sr, cols)) bm = std::numeric_limits<float>::quiet_NaN();
                 m_new[i] = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
                 // Nothing visible yet (m_new = -inf): P = 0 and the state stays empty.
-                alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
+                if constexpr (kBase2) {
+                    alpha[i] = m_new[i] == kNegInf ? 0.0f : base2(m[r]) - base2(m_new[i]);
+                    both_base2 = both_base2 && in_base2(m_new[i]) && (in_base2(m[r]) || m[r] == kNegInf);
+                } else {
+                    alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
+                }
             }
-            vexp_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);  // 0 where m was -inf
+            // 0 where m was -inf
+            if constexpr (kBase2) {
+                vexp2_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);
+                if (!both_base2)  // rows with a huge max (rare): the factors one by one
+                    for (int64_t i = 0; i < nr; ++i)
+                        if (m_new[i] != kNegInf) alpha[i] = rescale(m[r0 + i], m_new[i]);
+            } else {
+                vexp_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);
+            }
             V part[W];
             alignas(64) float sum[W];
             for (int64_t i = 0; i < nr; ++i) {
@@ -232,6 +290,15 @@ struct RowKernels {
         int64_t i = 0;
         for (; i + W <= n; i += W) vexp_nonpositive<Arch>(V::load_unaligned(x + i)).store_unaligned(y + i);
         if (i < n) P::store(y + i, n - i, vexp_nonpositive<Arch>(P::load(x + i, n - i, 0.0f)));
+    }
+
+    // (Not in AVX2's table: vexp2_nonpositive is AVX-512 only.)
+    static void exp2_nonpositive(int64_t n, const float *x, float *y) {
+        if constexpr (kBase2) {
+            int64_t i = 0;
+            for (; i + W <= n; i += W) vexp2_nonpositive<Arch>(V::load_unaligned(x + i)).store_unaligned(y + i);
+            if (i < n) P::store(y + i, n - i, vexp2_nonpositive<Arch>(P::load(x + i, n - i, 0.0f)));
+        }
     }
 };
 

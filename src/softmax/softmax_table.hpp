@@ -17,8 +17,11 @@ struct SoftmaxKernels {
     void (*online_finish)(int64_t rows, const float *l, float *acc, int64_t ldacc, int64_t acc_cols);
     // y[i] = exp(x[i]): the vector exp on its own, for tests and benchmarks.
     void (*exp)(int64_t n, const float *x, float *y);
-    // The same for x <= 0 (or -inf, NaN) only: the exp that softmax and the online fold use.
+    // The same for x <= 0 (or -inf, NaN) only: soft-capping's tanh's, and AVX2's softmax's.
     void (*exp_nonpositive)(int64_t n, const float *x, float *y);
+    // y[i] = 2^x[i] for x <= 0 (or -inf, NaN): the exp that AVX-512's softmax and online fold use
+    // (NULL on AVX2, whose stay in base e).
+    void (*exp2_nonpositive)(int64_t n, const float *x, float *y);
 };
 
 const SoftmaxKernels &softmax_kernels_avx2();

@@ -1,20 +1,34 @@
 import numpy as np
-# Minimax-style fit (Lawson's iteratively reweighted least squares) of
-#   e^t ~ 1 + t*(c1 + t*(c2 + t*(c3 + t*(c4 + t*c5))))  on t in [-ln2/2, ln2/2], relative error.
-a = np.log(2) / 2
-t = np.cos(np.linspace(0, np.pi, 4001)) * a
-f = np.exp(t)
-A = np.stack([t**k for k in range(1, 6)], axis=1) / f[:, None]
-b = (f - 1) / f
-w = np.ones_like(t)
-for it in range(200):
-    W = np.sqrt(w)
-    c, *_ = np.linalg.lstsq(A * W[:, None], b * W, rcond=None)
-    err = np.abs(A @ c - b)
-    w = w * err
-    w /= w.sum()
-c32 = c.astype(np.float32)
-p = 1 + t * (c32[0] + t * (c32[1] + t * (c32[2] + t * (c32[3] + t * c32[4]))))
-print("max rel err (float coeffs, exact arithmetic):", np.max(np.abs(p / f - 1)))
-for i, x in enumerate(c32, 1):
-    print(f"c{i} = {float(x).hex()}  ({x:.9g})")
+# Minimax-style fits (Lawson's iteratively reweighted least squares), relative error, of
+#   f(t) ~ 1 + t*(c1 + t*(c2 + t*(c3 + t*(c4 + t*c5))))
+# for the vector exps of src/softmax/vexp.hpp:
+#   e^t on t in [-ln2/2, ln2/2]   (exp_poly: vexp, vexp_nonpositive)
+#   2^t on t in [0, 1)            (exp2_poly: vexp2_nonpositive on AVX-512, t = x - floor(x))
+#   2^t on t in [-1/2, 1/2]       (exp2_poly_centered: the same on AVX2, t = x - round(x))
+
+
+def fit(f, lo, hi):
+    t = lo + (np.cos(np.linspace(0, np.pi, 8001)) + 1) / 2 * (hi - lo)
+    y = f(t)
+    A = np.stack([t**k for k in range(1, 6)], axis=1) / y[:, None]
+    b = (y - 1) / y
+    w = np.ones_like(t)
+    for it in range(300):
+        W = np.sqrt(w)
+        c, *_ = np.linalg.lstsq(A * W[:, None], b * W, rcond=None)
+        err = np.abs(A @ c - b)
+        w = w * err
+        w /= w.sum()
+    c32 = c.astype(np.float32)
+    tt = np.linspace(lo, hi, 200001)
+    p = 1 + tt * (c32[0] + tt * (c32[1] + tt * (c32[2] + tt * (c32[3] + tt * c32[4]))))
+    return c32, np.max(np.abs(p / f(tt) - 1))
+
+
+for name, f, lo, hi in [("exp_poly", np.exp, -np.log(2) / 2, np.log(2) / 2),
+                        ("exp2_poly", np.exp2, 0.0, 1.0),
+                        ("exp2_poly_centered", np.exp2, -0.5, 0.5)]:
+    c32, err = fit(f, lo, hi)
+    print(f"{name}: max rel err (float coeffs, exact arithmetic): {err:.3g}")
+    for i, x in enumerate(c32, 1):
+        print(f"  c{i} = {float(x).hex()}  ({x:.9g})")
