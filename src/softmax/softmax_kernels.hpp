@@ -61,9 +61,9 @@ struct RowKernels {
         return false;
     }
 
-    // Rows whose max is at least this large in magnitude take exp(x - max) as such (vexp_nonpositive):
-    // there max log2e would round by 1/16 or more (and overflow past 2.4e38), so 2^-(its rounding)
-    // could leave the range of float.
+    // Rows whose max is at least this large in magnitude take exp(x - max) as such
+    // (vexp_nonpositive): there max log2e would round by 1/16 or more (and overflow past 2.4e38),
+    // and 2^(that rounding) scaling the whole row could leave float's range.
     static constexpr float kBase2Limit = 0x1p20f;
     // Base 2 on AVX-512 only: without vreduceps and vscalefps (AVX2) its exp takes as many
     // operations as exp(x - max) does, and timed slower (Zen 5, 512 x 512: 0.94x).
@@ -88,8 +88,8 @@ struct RowKernels {
         return r;
     }
 
-    // y[i] = exp(x[i] - max) for i < n (as 2^(x[i] log2e - base2(max))); returns their sum. Vector v of the row (x[v W : v W + W])
-    // always goes into accumulator v % 4, and the four are combined in one fixed order, so entries
+    // y[i] = exp(x[i] - max) for i < n (on AVX-512 2^(x[i] log2e - base2(max)), see the top);
+    // returns their sum. Vector v of the row (x[v W : v W + W]) always goes into accumulator v % 4, and the four are combined in one fixed order, so entries
     // that add 0 (exp(-inf)) past the end of a row never change its sum: a row gives the same bits
     // whatever n its caller covers beyond the row's last finite score. x == y is allowed.
     static float exp_store_sum(const float *x, int64_t n, float max, float *y) {
@@ -108,6 +108,7 @@ struct RowKernels {
         return exp_store_loop(x, n, y, [&](const V &v) { return vexp_nonpositive<Arch>(v - vm); });
     }
 
+    // exp_store_partial's loop, for either exp.
     template <class Exp>
     static V exp_store_loop(const float *x, int64_t n, float *y, const Exp &exp) {
         V s[4] = {V(0.0f), V(0.0f), V(0.0f), V(0.0f)};
