@@ -107,7 +107,7 @@ constexpr float kExp2Cutoff = -126.0f;
 // (-inf too) gives exactly 0 (2^-126 = FLT_MIN, vexp's cutoff), NaN stays NaN. (AVX2 has neither
 // instruction; there the same exp would take as many operations as exp(x - max).)
 template <class Arch>
-inline xsimd::batch<float, Arch> vexp2_nonpositive(const xsimd::batch<float, Arch> &x) {
+inline xsimd::batch<float, Arch> vexp2_nonpositive([[maybe_unused]] const xsimd::batch<float, Arch> &x) {
     static_assert(std::is_same_v<Arch, xsimd::avx512f>, "vexp2_nonpositive is AVX-512 only");
 #if defined(__AVX512F__)
     // imm 0x09: round down, precision exception suppressed; NaN passes the "not less" compare.
