@@ -89,9 +89,10 @@ struct RowKernels {
     }
 
     // y[i] = exp(x[i] - max) for i < n (on AVX-512 2^(x[i] log2e - base2(max)), see the top);
-    // returns their sum. Vector v of the row (x[v W : v W + W]) always goes into accumulator v % 4, and the four are combined in one fixed order, so entries
-    // that add 0 (exp(-inf)) past the end of a row never change its sum: a row gives the same bits
-    // whatever n its caller covers beyond the row's last finite score. x == y is allowed.
+    // returns their sum. Vector v of the row (x[v W : v W + W]) always goes into accumulator v % 4,
+    // and the four are combined in one fixed order, so entries that add 0 (exp(-inf)) past the end
+    // of a row never change its sum: a row gives the same bits whatever n its caller covers beyond
+    // the row's last finite score. x == y is allowed.
     static float exp_store_sum(const float *x, int64_t n, float max, float *y) {
         return xsimd::hadd(exp_store_partial(x, n, max, y));
     }

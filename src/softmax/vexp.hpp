@@ -72,11 +72,12 @@ inline xsimd::batch<float, Arch> vexp(const xsimd::batch<float, Arch> &x) {
 }
 
 // exp(x) for x <= 0, -inf or NaN: soft-capping's tanh (e^-2|x|), and AVX2's softmax (x - max)
-// and online fold (m_old - m_new); AVX-512's work in base 2 (vexp2_nonpositive). The same on AVX-512; without vscalefps there is no overflow to guard
-// here, so 2^n comes straight from the rounding's bits, 13 vector operations instead of 16 (a
-// magic bias of 1.5 * 2^23 + 127 leaves n + 127 in the low mantissa bits, which a shift moves
-// into the exponent field: n + 127 is in [1, 127] for x in [cutoff, 0]). Same accuracy as vexp;
-// x < cutoff (-inf too) gives exactly 0, NaN stays NaN (max returns its second operand on NaN).
+// and online fold (m_old - m_new); AVX-512's work in base 2 (vexp2_nonpositive). The same as vexp
+// on AVX-512; without vscalefps there is no overflow to guard here, so 2^n comes straight from the
+// rounding's bits, 13 vector operations instead of 16 (a magic bias of 1.5 * 2^23 + 127 leaves
+// n + 127 in the low mantissa bits, which a shift moves into the exponent field: n + 127 is in
+// [1, 127] for x in [cutoff, 0]). Same accuracy as vexp; x < cutoff (-inf too) gives exactly 0,
+// NaN stays NaN (max returns its second operand on NaN).
 template <class Arch>
 inline xsimd::batch<float, Arch> vexp_nonpositive(const xsimd::batch<float, Arch> &x) {
     using V = xsimd::batch<float, Arch>;
