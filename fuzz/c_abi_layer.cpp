@@ -427,7 +427,7 @@ void fuzz_layer_cached(Input &in) {
     if (count({s.E, s.H, add(s.hd, s.vd)}) > (int64_t{1} << 12)) throw Skip{};
     LayerWeights lw;
     const uint8_t create_nulls = decode_create(in, s, lw, rng);
-    mha_kv_cache_config cfg{s.Hkv, s.hd, s.vd, 0, 64 + in.small(100), MHA_F32};
+    mha_kv_cache_config cfg{s.Hkv, s.hd, s.vd, 0, 64 + in.small(100), MHA_F32, 0};
     const uint8_t mismatch = in.byte();
     // (computed before create now, so also for a hostile head count that create refuses)
     if (mismatch % 16 == 1 && cfg.head_dim < INT64_MAX) cfg.head_dim += 1;

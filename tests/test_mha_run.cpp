@@ -459,7 +459,7 @@ TEST_CASE("mha-run --encoder-layers 2 applies layer 0, then layer 1: the same bi
     for (const char *flags : {"", " --activation gelu --norm-first", " --key-padding-mask KPM --causal --norm-eps 1e-3"}) {
         CAPTURE(flags);
         std::string f = std::regex_replace(std::string(flags), std::regex("KPM"), tmp / "kpm.npy");
-        const std::string common = " --num-heads 4" + f;
+        const std::string common = " --num-heads " + std::to_string(SyntheticEncoder::H) + f;
         const auto a = run("--weights " + q(stack) + " --encoder-layers 2 --query " + tmp / "x.npy" + common + " --out " +
                            tmp / "stack.npy");
         INFO(a.output);
@@ -489,7 +489,7 @@ TEST_CASE("mha-run --encoder-layers applies an nn.TransformerEncoder's final nor
     normed.write_npy_dir(tmp.path / "normed");
     const int64_t B = 1, L = 5, E = SyntheticEncoder::E;
     write_npy(tmp / "x.npy", {B, L, E}, lcg_values(static_cast<size_t>(B * L * E), 3, 1.0f).data());
-    const std::string args = " --encoder-layers 2 --num-heads 4 --query " + tmp / "x.npy" + " --norm-eps 1e-4";
+    const std::string args = " --encoder-layers 2 --num-heads " + std::to_string(SyntheticEncoder::H) + " --query " + tmp / "x.npy" + " --norm-eps 1e-4";
     REQUIRE(run("--weights " + q(tmp.path / "plain") + args + " --out " + tmp / "a.npy").code == 0);
     const auto r = run("--weights " + q(tmp.path / "normed") + args + " --out " + tmp / "b.npy --json --repeat 3");
     INFO(r.output);
@@ -567,7 +567,7 @@ TEST_CASE("mha-run --encoder-layers refuses a state_dict whose keys or shapes do
         const char *what;
         std::string args, names, says;
     };
-    const std::string x = " --num-heads 4 --query " + tmp / "x.npy";
+    const std::string x = " --num-heads " + std::to_string(SyntheticEncoder::H) + " --query " + tmp / "x.npy";
     const Bad bad[] = {
         {"missing key", "--weights " + missing + " --encoder-layers 2" + x, "layers.1.norm2.weight", "missing (expected [32]"},
         {"wrong shape", "--weights " + shape + " --encoder-layers 2" + x, "layers.0.linear1.bias.npy",
@@ -593,7 +593,7 @@ TEST_CASE("mha-run --encoder-layers refuses a state_dict whose keys or shapes do
         {"final norm.bias without its weight", "--weights " + bias_only + " --encoder-layers 2" + x, "norm.weight", "missing"},
         {"heads do not divide", "--weights " + good + " --encoder-layers 2 --num-heads 5 --query " + tmp / "x.npy",
          "--num-heads 5", "does not divide embed_dim 32"},
-        {"query of another width", "--weights " + good + " --encoder-layers 2 --num-heads 4 --query " + tmp / "x_wide.npy",
+        {"query of another width", "--weights " + good + " --encoder-layers 2 --num-heads " + std::to_string(SyntheticEncoder::H) + " --query " + tmp / "x_wide.npy",
          "x_wide.npy", "expected shape [*, *, 32], found [2, 3, 33]"},
         {"wrong prefix", "--weights " + tmp / "m.safetensors" + " --prefix enc. --encoder-layers 2" + x,
          "enc.layers.0.self_attn.in_proj_weight", "missing"},

@@ -764,7 +764,7 @@ TEST_CASE("attention_cached: chunked prefill and decode against the dense causal
                     bt = nr_of(t);
                     if (t.attn_block_k % bt != 0 || bt == block_tokens_for(rt, s)) continue;
                 } else if (blocks == 2) {
-                    mha_kv_cache_config cfg{s.Hkv, s.D, s.Dv, 2 * t.attn_block_k, 1, MHA_F32};
+                    mha_kv_cache_config cfg{s.Hkv, s.D, s.Dv, 2 * t.attn_block_k, 1, MHA_F32, 0};
                     mha_kv_cache *probe = nullptr;
                     const mha_status st = mha_kv_cache_create(rt, &cfg, &probe);
                     mha_kv_cache_destroy(probe);
