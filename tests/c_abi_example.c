@@ -20,8 +20,8 @@ int main(void) {
     /* A one-head layer, E = 2, identity projections and no biases, on one token: the attention
        over a single key returns its value, so out = x. */
     const float eye[4] = {1, 0, 0, 1};
-    mha_layer_config cfg = {2, 1, 0, 0, 0, 0, 0};
-    mha_layer_weights w = {eye, eye, eye, eye, NULL, NULL, NULL, NULL};
+    mha_layer_config cfg = {.embed_dim = 2, .num_heads = 1};  /* every other field 0: its default */
+    mha_layer_weights w = {.q_weight = eye, .k_weight = eye, .v_weight = eye, .out_weight = eye};
     mha_layer *layer = NULL;
     if (mha_layer_create(rt, &cfg, &w, &layer) != MHA_OK) {
         fprintf(stderr, "layer: %s\n", mha_last_error());

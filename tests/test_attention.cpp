@@ -190,7 +190,7 @@ TEST_CASE("keys split over threads: chunks on different threads, same bits as on
     // One KV head: decode (the direct path, whose keys are always split) and one block of 20
     // queries (the packed path: a single work item, so only two threads split its key chunks,
     // while one thread walks them into its running state).
-    for (const Case c : {Case{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true},
+    for (const Case &c : {Case{"decode split", 1, 1, 3000, 4, 1, 64, 64, true, 0, 0, true},
                          Case{"query block split", 1, 20, 3000, 4, 1, 64, 40, true, 0, 1, true}}) {
         CAPTURE(c.what);
         Data d = make(c, 21);
@@ -279,7 +279,7 @@ TEST_CASE("empty problems and kv_len == 0") {
 TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a batch") {
     // Query blocks on the packed path, and decode on the direct path (all KV heads in one item,
     // its keys split into chunks).
-    for (const Case c : {Case{"det", 3, 70, 90, 4, 2, 32, 32, true, 1, 2, true},
+    for (const Case &c : {Case{"det", 3, 70, 90, 4, 2, 32, 32, true, 1, 2, true},
                          Case{"det decode", 3, 1, 2500, 8, 2, 40, 24, true, 1, 2, true}}) {
         CAPTURE(c.what);
         Data d = make(c, 5);
@@ -370,7 +370,7 @@ TEST_CASE("scratch at Lk = 16384 stays under 32 MB, on 1 and 2 threads") {
     for (int threads : {1, 2}) {
         if (test::reduced() && threads == 1) continue;  // tools/tsan: one thread has nothing to race
         Runtime rt(RuntimeOptions{threads, {}, {}, {}});
-        for (const Case c : {Case{"long", 1, 160, 16384, 8, 8, 64, 64, true},
+        for (const Case &c : {Case{"long", 1, 160, 16384, 8, 8, 64, 64, true},
                              Case{"long GQA D128", 2, 160, 16384, 8, 2, 128, 128, true},
                              Case{"long decode", 2, 1, 16384, 8, 2, 128, 128, true}}) {
             CAPTURE(c.what);
@@ -526,7 +526,7 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks, alone and together, against d
 TEST_CASE("variant: a window skips whole tiles and chunks, with the bits of the same band as a boolean mask") {
     // Long rows, so the window leaves whole tiles and chunks out (default and tiny tiles), on the
     // packed path (query blocks, strips), the direct path (decode) and keys split over threads.
-    for (const Case c : {Case{"prefill", 1, 70, 700, 4, 2, 16, 16, true, 0, 2, true},
+    for (const Case &c : {Case{"prefill", 1, 70, 700, 4, 2, 16, 16, true, 0, 2, true},
                          Case{"not causal", 2, 40, 300, 2, 2, 16, 8, false, 1, 0, true},
                          Case{"decode", 2, 1, 3000, 8, 2, 32, 32, true, 0, 0, true}}) {
         CAPTURE(c.what);
@@ -570,7 +570,7 @@ TEST_CASE("variant: a window skips whole tiles and chunks, with the bits of the 
 TEST_CASE("variant: a window longer than any distance (up to INT64_MAX) is no window, with queries before every key") {
     // Lq > Lk, causal: the first queries sit before key 0, where position - window + 1 overflowed
     // int64 and pushed their start past every key (fuzz_c_abi found it).
-    for (const Case c : {Case{"Lq > Lk, causal", 2, 7, 1, 1, 1, 3, 3, true, 0, 0, true},
+    for (const Case &c : {Case{"Lq > Lk, causal", 2, 7, 1, 1, 1, 3, 3, true, 0, 0, true},
                          Case{"Lq > Lk, causal, several tiles", 1, 40, 30, 2, 1, 16, 8, true, 0, 0, true}})
         for (int64_t window : {int64_t{1} << 40, std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::max()})
             for (const auto &o : runtimes(1)) {
