@@ -620,9 +620,7 @@ struct FusedAttention {
         // zeros.
         if (s.sinks)
             for (int64_t r = 0; r < M; ++r)
-                if (w.l[r] > 0.0f)
-                    w.l[r] += static_cast<float>(std::exp2(static_cast<double>(s.sinks[it.g * G + r / rows_per_head]) *
-                                                               softmax_detail::kLog2e - Rows::ref(w.m[r])));
+                if (w.l[r] > 0.0f) w.l[r] += Rows::exp_against(s.sinks[it.g * G + r / rows_per_head], w.m[r]);
         for (int64_t r = 0; r < M; ++r) {
             const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
             float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;

@@ -79,6 +79,12 @@ struct RowKernels {
         return static_cast<float>(std::exp2(ref(m_old) - ref(m_new)));
     }
 
+    // exp(x - m) taken as a row with max m takes its exps, 2^(x log2e - ref(m)), for one more term
+    // of its sum (the attention's sinks).
+    static float exp_against(float x, float m) {
+        return static_cast<float>(std::exp2(static_cast<double>(x) * kLog2e - ref(m)));
+    }
+
     // max log2e, rounded: the base-2 max every exp of a row with this max is taken against. The
     // rounding must happen here: contracted into an FMA, base2(m_old) - base2(m_new) would no
     // longer cancel it (the rescale would be off by up to an ulp of m log2e, 6e-7 at m = 30).
