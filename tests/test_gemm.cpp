@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -289,6 +290,44 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
             const auto c1 = check_gemm(r1, g), c2 = check_gemm(r2, g), c3 = check_gemm(r3, g);
             CHECK(test::same_bits(c1, c2));
             CHECK(test::same_bits(c1, c3));
+        }
+    }
+}
+
+TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, on both paths and prepacked") {
+    // The row strips change with m (16 rows of a 14-row kernel run as 8 + 8, 15 as 8 + 7; see
+    // gemm::strip_start), and a strip of the small-problem path reads B in place or packed by m; a
+    // row's sums must not follow. Every m from 1 to 4 MR + 3 against the full product's rows.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t MR = uk->mr, NR = uk->nr, m_all = 4 * MR + 3;
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
+            for (auto [tb, n, k] : {std::tuple{'N', 2 * NR + 3, 40}, {'T', 2 * NR + 3, 40}, {'N', NR - 1, 33}}) {
+                const int64_t lda = k + 1, ldb = (tb == 'N' ? n : k) + 2, ldc = n + 3;
+                const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 11);
+                const auto b = test::random_floats(static_cast<size_t>((tb == 'N' ? k : n) * ldb), 12);
+                const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), tb == 'N' ? ldb : 1, tb == 'N' ? 1 : ldb);
+                std::vector<float> all(static_cast<size_t>(m_all * ldc)), all_pre(all.size());
+                sgemm(rt, Trans::N, static_cast<Trans>(tb), m_all, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                      all.data(), ldc);
+                gemm::sgemm_prepacked(rt.state(), m_all, n, a.data(), lda, pb, 0, nullptr, all_pre.data(), ldc);
+                for (int64_t m = 1; m <= m_all; ++m) {
+                    std::vector<float> c(static_cast<size_t>(m * ldc)), c_pre(c.size());
+                    sgemm(rt, Trans::N, static_cast<Trans>(tb), m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
+                          ldc);
+                    gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
+                    int64_t differ = 0;
+                    for (int64_t i = 0; i < m; ++i)
+                        for (int64_t j = 0; j < n; ++j) {
+                            const size_t at = static_cast<size_t>(i * ldc + j);
+                            differ += std::memcmp(&c[at], &all[at], sizeof(float)) != 0;
+                            differ += std::memcmp(&c_pre[at], &all_pre[at], sizeof(float)) != 0;
+                        }
+                    CHECK_MESSAGE(differ == 0, "tb=", tb, " n=", n, " k=", k, " m=", m, " small tiles=", small);
+                }
+            }
         }
     }
 }

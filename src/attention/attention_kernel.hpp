@@ -396,10 +396,12 @@ struct FusedAttention {
                     const int8_t *next = next_i8(it, h, j0 + j, step, j0 + cols,
                                                  [&](int64_t g, int64_t key) { return c.k_panels_i8(it.b, g, key, D); },
                                                  c.v_panels_i8(it.b, it.g, j0));
-                    for (int64_t r0 = 0; r0 < Mg; r0 += MR)
-                        scores_i8(std::min<int64_t>(MR, Mg - r0), step, D, s.scale, qh + r0 * D,
+                    for (int64_t q = 0; q < gemm::strip_count(Mg, MR); ++q) {  // Q's strips, as pack_q packed them
+                        const int64_t r0 = gemm::strip_start(Mg, MR, q);
+                        scores_i8(gemm::strip_start(Mg, MR, q + 1) - r0, step, D, s.scale, qh + q * MR * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
                                   sh + r0 * s.block_k, s.block_k, next);
+                    }
                 } else if (s.kv_cache) {
                     gemm::sgemm_macro_packed<Arch, MR, NV>(Mg, step, D, w.q_packed + h * round_up_to(Mg, MR) * D,
                                                            s.kv_cache->k_panels(it.b, it.g + h, j0 + j, D), sh,
@@ -535,7 +537,7 @@ struct FusedAttention {
                 DirectTiles<Arch>::transpose_q(Mg, D, w.q_rows + h * Mg * D, w.q_packed + h * direct_ldqt(Mg) * D,
                                                direct_ldqt(Mg));
             else
-                gemm::pack_panels<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
+                gemm::pack_strips<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
         }
     }
 

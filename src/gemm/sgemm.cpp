@@ -105,9 +105,9 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
         const int64_t ir_per = ceil_div(n_ir, row_split);
         for (int64_t pc = 0; pc < k; pc += kc_blk) {             // PC: KC deep; pack the A block
             const int64_t kc = std::min(kc_blk, k - pc);
-            parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {
-                const int64_t i0 = ir0 * MR, rows = std::min(mc, ir1 * MR) - i0;
-                uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + i0 * kc);
+            parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {  // whole strips, so each is cut as in the block
+                const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
+                uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc);
             });
             const float beta = pc == 0 ? c.beta : 1.0f;
             const float *bias = pc == 0 ? c.bias : nullptr;
@@ -122,11 +122,10 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                     uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own);
                     bp = own;
                 }
-                const int64_t i0 = ir0 * MR;
-                // JR and IR run inside the ISA's translation unit.
-                const int64_t rows = std::min(mc, ir1 * MR) - i0;
+                // JR and IR run inside the ISA's translation unit, on whole strips of the block.
+                const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
                 float *cb = c.p + (ic + i0) * c.ld + jc;
-                uk.macro_packed(rows, ncur, kc, ap + i0 * kc, bp, cb, c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
+                uk.macro_packed(rows, ncur, kc, ap + ir0 * MR * kc, bp, cb, c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
                 if (c.act != Epilogue::none && pc + kc == k) uk.activate(c.act, rows, ncur, cb, c.ld);
             });
         }
@@ -175,7 +174,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
                 const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
                 if (ir0 >= ir1 || jr0 >= jr1) return;
-                const int64_t i0 = ir0 * MR, rows = std::min(m, ir1 * MR) - i0;
+                const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
                 uk.macro_sup(SupArgs{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
                                      b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta});
             });

@@ -11,7 +11,7 @@ template <int MR, int NV>
 constexpr SgemmKernel make_kernel(const char *name) {
     using A = MHA_ISA_ARCH;
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, A>::size);
-    return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_panels<A, MR>, &pack_panels<A, NR>,
+    return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_strips<A, MR>, &pack_panels<A, NR>,
                        &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>,
                        &activate<A>};
 }

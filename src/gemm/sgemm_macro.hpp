@@ -67,16 +67,17 @@ inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, i
     }
 }
 
-// The two innermost loops over a packed mc x kc block of A and kc x nc block of B. The A
-// micro-panel (MR x kc) stays in L1 while the B micro-panels stream past it from L2.
+// The two innermost loops over a packed mc x kc block of A (in strips: see strip_start) and kc x
+// nc block of B. The A micro-panel (MR x kc) stays in L1 while the B micro-panels stream past it
+// from L2.
 // bias: NULL, or nc values added to every row.
 template <class Arch, int MR, int NV>
 void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                         float alpha, float beta, const float *bias = nullptr) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
-    for (int64_t i = 0; i < mc; i += MR) {                     // JR: MR rows of A
-        const float *apanel = ap + i * kc;
-        const int64_t mr = mc - i < MR ? mc - i : MR;
+    for (int64_t q = 0, n_strips = strip_count(mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows
+        const int64_t i = strip_start(mc, MR, q), mr = strip_start(mc, MR, q + 1) - i;
+        const float *apanel = ap + q * MR * kc;
         int64_t j = 0;
         if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
             for (; j + 2 * NR <= nc; j += 2 * NR)
@@ -100,8 +101,8 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
 template <class Arch, int MR, int NV>
 void sgemm_macro_sup(const SupArgs &s) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
-    for (int64_t i = 0; i < s.mc; i += MR) {                  // JR: MR rows of A, in place
-        const int64_t mr = s.mc - i < MR ? s.mc - i : MR;
+    for (int64_t q = 0, n_strips = strip_count(s.mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows, in place
+        const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
         const float *a = s.a + i * s.rs_a;
         int64_t jr = s.jr0;
         if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
