@@ -24,6 +24,18 @@ constexpr int kWideRows = [] {
 }();
 template <class Arch, int MR, int NV>
 constexpr bool wide_edge(int64_t mr) { return mr <= kWideRows<Arch, MR, NV>; }
+// With B read where it lies (the small-problem path), a strip of a few rows is short of B's bytes
+// rather than of FMAs: two panels a tile while its sums take at most 5/8 of the registers, so each
+// B row is read 2 NR floats at a time. Zen 5, 1 thread, against dnnl_sgemm (B 16 bytes into a
+// line / on a line): 4x1536x512 0.72x -> 1.09x / 0.78x -> 0.92x, 5 rows 0.76x -> 1.12x / 0.81x ->
+// 1.13x, 4x512x512 0.94x -> 1.30x; 6 rows (24 sums of 32 registers) lost: 0.80x -> 0.75x.
+template <class Arch, int MR, int NV>
+constexpr int kWideRowsDirect = [] {
+    constexpr int regs = xsimd::batch<float, Arch>::size == 16 ? 32 : 16;
+    int r = kWideRows<Arch, MR, NV>;
+    while (r + 1 < MR && 8 * (r + 1) * 2 * NV <= 5 * regs) ++r;
+    return r;
+}();
 
 // The microkernel with MR rows, or, for the rows left at the bottom edge, the same kernel
 // instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
@@ -42,7 +54,7 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
                                                                         bias, b_panel),
                  true)) ||
                ...);
-    }(std::make_integer_sequence<int, NP == 1 ? MR - 1 : kWideRows<Arch, MR, NV>>{});
+    }(std::make_integer_sequence<int, NP == 1 ? MR - 1 : kWideRowsDirect<Arch, MR, NV>>{});
 }
 
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
@@ -105,7 +117,7 @@ void sgemm_macro_sup(const SupArgs &s) {
         const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
         const float *a = s.a + i * s.rs_a;
         int64_t jr = s.jr0;
-        if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
+        if (mr < MR && (s.b ? mr <= kWideRowsDirect<Arch, MR, NV> : wide_edge<Arch, MR, NV>(mr)))  // two B panels a tile
             for (; jr + 1 < s.jr1 && (jr + 2) * NR <= s.nc; jr += 2) {
                 const int64_t j = jr * NR;
                 float *ct = s.c + i * s.ldc + j;
