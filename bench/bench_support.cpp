@@ -53,6 +53,12 @@ const std::vector<GemmShape> &gemm_shapes() {
         {"attn PV", 'N', 'N', 2048, 64, 2048, false},
         {"proj QKV", 'N', 'T', 4096, 1536, 512, false},
         {"proj out", 'N', 'T', 4096, 512, 512, true},
+        // A few rows against a weight matrix (a decode step's tokens): B streams from L3 and the
+        // kernels' strips are short.
+        {"few rows", 'N', 'T', 1, 1536, 512, false},
+        {"few rows", 'N', 'N', 4, 1536, 512, false},
+        {"few rows", 'N', 'T', 16, 1536, 512, false},
+        {"few rows", 'N', 'N', 16, 1536, 512, false},
     };
     return shapes;
 }

@@ -72,7 +72,9 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         // 0.75x -> 0.94x, 16 rows 0.93x -> 0.99x; level from 32 rows and on lined-up rows. Not
         // for the few-row tiles over two panels (NP = 2), whose loop is short of load slots
         // already: 1 row 0.65x -> 0.60x.
-        if constexpr (LB == Layout::strided && NP == 1) __builtin_prefetch(b + 8 * rs_b + NR - 1);
+        if constexpr (LB == Layout::strided && (NP == 1 || MR > 1))
+#pragma GCC unroll 8
+            for (int q = 0; q < NP; ++q) __builtin_prefetch(b + q * b_panel + 8 * rs_b + NR - 1);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
             const V ai(a[i * rs_a]);
