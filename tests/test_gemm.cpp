@@ -130,7 +130,9 @@ TEST_CASE("edge tiles: m, n, k at 1, below, at and above MR, NR, MC, KC, NC, on 
         std::vector<int64_t> ms, ns;
         for (int64_t x = 1; x <= MR + 1; ++x) ms.push_back(x);
         for (int64_t x : {2 * MR - 1, 2 * MR, 2 * MR + 1, 4 * MR + 3}) ms.push_back(x);
-        for (int64_t x : {int64_t{1}, int64_t{2}, NR - 1, NR, NR + 1, 2 * NR, 2 * NR + 1, 4 * NR + 5}) ns.push_back(x);
+        // NR + NR / 2: an edge tile whole vectors wide, which the narrower kernel stores in place.
+        for (int64_t x : {int64_t{1}, int64_t{2}, NR - 1, NR, NR + 1, NR + NR / 2, 2 * NR, 2 * NR + 1, 4 * NR + 5})
+            ns.push_back(x);
         for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 33}) {
             for (int64_t m : ms)
                 for (int64_t n : ns) {
@@ -151,7 +153,7 @@ TEST_CASE("weights packed once, with the bias epilogue: every kernel, edge tiles
             Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
             const int64_t MR = uk->mr, NR = uk->nr;
             for (int64_t k : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{40}})
-                for (int64_t n_total : {int64_t{1}, NR - 1, NR, 2 * NR + 3})
+                for (int64_t n_total : {int64_t{1}, NR - 1, NR, NR + NR / 2, 2 * NR + 3})
                     for (int64_t m : {int64_t{1}, MR - 1, MR, MR + 1, 3 * MR + 2}) {
                         // W [n_total, k] as nn.Linear stores it; B = W^T.
                         const auto w = test::random_floats(static_cast<size_t>(n_total * k), 3);

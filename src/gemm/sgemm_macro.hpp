@@ -79,6 +79,27 @@ inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, i
     }
 }
 
+// A tile cut by the right edge to nr <= (NV - 1) W columns: the microkernel with only the vectors
+// those columns need (the same sums), B's panel read at its stride rs_b, so the FLOPs of the
+// zero-padded columns past the edge are not spent. Attention at Dv = 80 (two whole 32-column
+// panels and half of one): the third panel's P V costs half. Returns false (nothing done) for a
+// wider cut.
+template <class Arch, int MR, int NV>
+inline bool sgemm_narrow_tile(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t rs_a, int64_t cs_a,
+                              const float *b, int64_t rs_b, float *c, int64_t ldc, float alpha, float beta,
+                              const float *bias) {
+    constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    return [&]<int... V>(std::integer_sequence<int, V...>) {
+        return ((nr <= (V + 1) * W &&
+                 (sgemm_tile<MR, (V + 1) * W>([&](float *ct, int64_t ld, float bt, const float *bs) {
+                      sgemm_ukernel_rows<Arch, MR, V + 1, Layout::strided>(mr, k, a, rs_a, cs_a, b, rs_b, ct, ld, alpha, bt,
+                                                                            bs);
+                  }, mr, nr, c, ldc, beta, bias),
+                  true)) ||
+                ...);
+    }(std::make_integer_sequence<int, NV - 1>{});
+}
+
 // The two innermost loops over a packed mc x kc block of A (in strips: see strip_start) and kc x
 // nc block of B. The A micro-panel (MR x kc) stays in L1 while the B micro-panels stream past it
 // from L2.
@@ -98,6 +119,9 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
                                                                     bias ? bias + j : nullptr, NR * kc);
         for (; j < nc; j += NR) {                              // IR: NR columns of B
             const float *bpanel = bp + j * kc;
+            if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, apanel, 1, MR, bpanel, NR, c + i * ldc + j,
+                                                               ldc, alpha, beta, bias ? bias + j : nullptr))
+                continue;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
                 if (mr == MR)
                     sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b,
@@ -131,6 +155,9 @@ void sgemm_macro_sup(const SupArgs &s) {
             }
         for (; jr < s.jr1; ++jr) {                             // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
+            if (nr < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nr, s.k, a, s.rs_a, s.cs_a, s.bp + j * s.bp_depth, NR,
+                                                           s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta, nullptr))
+                continue;
             sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta, const float *) {
                 if (s.b && nr == NR)
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct, ld,
