@@ -69,9 +69,10 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         // B read in place need not start its rows on a line (a malloc'd matrix starts 16 bytes
         // into one), when the row's NR floats span one line more: ask for that one too. Zen 5, 1
         // thread, B 16 bytes into a line, against dnnl_sgemm: 4x1536x512 0.64x -> 0.69x, 8 rows
-        // 0.75x -> 0.94x, 16 rows 0.93x -> 0.99x; level from 32 rows and on lined-up rows. Not
-        // for the few-row tiles over two panels (NP = 2), whose loop is short of load slots
-        // already: 1 row 0.65x -> 0.60x.
+        // 0.75x -> 0.94x, 16 rows 0.93x -> 0.99x, and for the two-panel tiles 2 rows 0.99x ->
+        // 1.05x, 3 rows 0.75x -> 0.83x, 5 rows 1.15x -> 1.20x; level from 32 rows; on lined-up
+        // rows level but 5 rows (1.13x -> 1.07x). Not for a single row, whose loop is short of
+        // load slots already: 0.65x -> 0.60x.
         if constexpr (LB == Layout::strided && (NP == 1 || MR > 1))
 #pragma GCC unroll 8
             for (int q = 0; q < NP; ++q) __builtin_prefetch(b + q * b_panel + 8 * rs_b + NR - 1);
