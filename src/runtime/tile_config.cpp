@@ -102,6 +102,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // defaults in mha-bench (two runs each): L2048-4096 attention 1.00-1.04x, decode B1 1.02-1.05x,
     // B16 0.99x, but the paged-cache decode of the serving suite (B16 Lk4096) 0.97x; one BK serves
     // prefill and decode (their bits must match), so it stays 256.
+    // Zen 5 once more (2026-11-24 07:57, after the GEMM's balanced row strips and narrow edge
+    // tiles), mha-tune --quick, 1 thread: GEMM candidates 0.94-0.97x the defaults (14x32 KC
+    // 128-264 NC 480-1024 MC 4088, 6x64 KC 80-168, 8x48 KC 104-216), attention BQ 56-224 with BK
+    // 256 0.99-1.00x and BK 128 0.96x: the defaults stay.
     t.attn_block_q = 8 * uk.mr;
     t.attn_block_k = 256;
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
