@@ -296,6 +296,33 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
+TEST_CASE("few rows against B^T (C^T = B^T A^T): the row counts around each ISA's lanes, beta 0 and 1, edges, depth blocks") {
+    // 7-16 rows with alpha = 1 and beta 0 or 1 take macro_bt (from 9 rows on AVX-512, 7 on AVX2);
+    // alpha 2 and beta 0.5 keep to the other paths. Columns around MR, depths across KC (16 in
+    // the small tiles), a padded B^T and C, NaN in C under beta = 0.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t MR = uk->mr;
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
+            for (int64_t m : {6, 7, 8, 9, 12, 16})
+                for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, 2 * MR + 3, int64_t{100}})
+                    for (int64_t k : {1, 17, 40})
+                        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.5f}}) {
+                            GemmCase g;
+                            g.tb = 'T';
+                            g.m = m; g.n = n; g.k = k;
+                            g.alpha = alpha; g.beta = beta;
+                            g.pad_b = 3; g.pad_c = 2;
+                            g.nan_in_c = beta == 0.0f;
+                            g.seed = static_cast<uint32_t>(m * 7919 + n * 31 + k);
+                            check_gemm(rt, g);
+                        }
+        }
+    }
+}
+
 TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, on both paths and prepacked") {
     // The row strips change with m (16 rows of a 14-row kernel run as 8 + 8, 15 as 8 + 7; see
     // gemm::strip_start), and a strip of the small-problem path reads B in place or packed by m; a

@@ -54,6 +54,13 @@ using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_
 using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c,
                                int64_t ldc, float alpha, float beta, const float *bias);
 using MacroSupFn = void (*)(const SupArgs &args);
+// Few rows against B^T, as C^T = B^T A^T: C[0:m, 0:n] = A B (alpha = 1), or A B + C (beta = 1),
+// for m <= lanes() rows, over one depth block: bt holds B^T's rows (n x k, row i at bt + i * ldbt,
+// read in place as the microkernel's broadcast operand) and at A^T packed (k x lanes(), lane i = row
+// i of A, zeros past m). Each C element is the same ordered FMA chain over the block as on the
+// other paths (the product's operands swap, which changes no rounding).
+using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
+                           int64_t ldc, bool accumulate);
 // An elementwise activation applied to a finished block of C (the GEMM epilogue of linear1).
 enum class Epilogue { none = 0, relu = 1, gelu = 2 };
 using ActivateFn = void (*)(Epilogue act, int64_t rows, int64_t cols, float *c, int64_t ldc);
@@ -66,6 +73,8 @@ struct SgemmKernel {
     PackBlockFn pack_b;
     MacroPackedFn macro_packed;
     MacroSupFn macro_sup;
+    MacroBtFn macro_bt;
+    int lanes;  // floats in one vector of the ISA (the rows macro_bt takes at most)
     ActivateFn activate;
 };
 

@@ -13,7 +13,7 @@ constexpr SgemmKernel make_kernel(const char *name) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, A>::size);
     return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_strips<A, MR>, &pack_panels<A, NR>,
                        &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>,
-                       &activate<A>};
+                       &sgemm_macro_bt<A, MR>, static_cast<int>(xsimd::batch<float, A>::size), &activate<A>};
 }
 
 #define MHA_EMIT_KERNEL(name, mr, nv) make_kernel<mr, nv>(name),
