@@ -396,7 +396,7 @@ struct FusedAttention {
                     const int8_t *next = next_i8(it, h, j0 + j, step, j0 + cols,
                                                  [&](int64_t g, int64_t key) { return c.k_panels_i8(it.b, g, key, D); },
                                                  c.v_panels_i8(it.b, it.g, j0));
-                    for (int64_t q = 0; q < gemm::strip_count(Mg, MR); ++q) {  // Q's strips, as pack_q packed them
+                    for (int64_t q = 0, n_strips = gemm::strip_count(Mg, MR); q < n_strips; ++q) {  // as pack_q packed them
                         const int64_t r0 = gemm::strip_start(Mg, MR, q);
                         scores_i8(gemm::strip_start(Mg, MR, q + 1) - r0, step, D, s.scale, qh + q * MR * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),

@@ -68,13 +68,13 @@ void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_
     pack_panels_into<Arch, W>(count, kc, src, sx, sp, out, kc);
 }
 
-// A's packing: rows in the microkernel's strips (see strip_start), strip q into panel q. The
-// strips before a balanced pair are whole panels, packed in one pass.
+// A's packing: rows in the microkernel's strips (see strip_start), strip q into panel q. Every
+// strip before the last two is a whole panel (and the next to last too unless the two share
+// their rows): those are packed in one pass.
 template <class Arch, int MR>
 void pack_strips(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
     const int64_t n = strip_count(count, MR);
-    int64_t q = 0;
-    while (q < n && strip_start(count, MR, q + 1) == (q + 1) * MR) ++q;  // whole strips [0, q)
+    int64_t q = n > 0 ? strip_start(count, MR, n - 1) / MR : 0;
     if (q > 0) pack_panels<Arch, MR>(q * MR, kc, src, sx, sp, out);
     for (; q < n; ++q) {
         const int64_t r0 = strip_start(count, MR, q);
