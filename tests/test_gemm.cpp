@@ -296,19 +296,20 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
-TEST_CASE("few rows against B^T (C^T = B^T A^T): the row counts around each ISA's lanes, beta 0 and 1, edges, depth blocks") {
-    // 7-16 rows with alpha = 1 and beta 0 or 1 take macro_bt (from 9 rows on AVX-512, 7 on AVX2);
-    // alpha 2 and beta 0.5 keep to the other paths. Columns around MR, depths across KC (16 in
-    // the small tiles), a padded B^T and C, NaN in C under beta = 0.
+TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes, beta 0 and 1, edges, depth blocks") {
+    // Up to 16 rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to 9 rows on
+    // AVX-512 (all 8 on AVX2), macro_bt from 10; alpha 2 and beta 0.5 keep to the other paths.
+    // Columns around MR and the lanes, depths around the transposed block (16 or 8) and across KC
+    // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
-        const int64_t MR = uk->mr;
+        const int64_t MR = uk->mr, lanes = uk->lanes;
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
-            for (int64_t m : {6, 7, 8, 9, 12, 16})
-                for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, 2 * MR + 3, int64_t{100}})
-                    for (int64_t k : {1, 17, 40})
+            for (int64_t m = 1; m <= 16; ++m)
+                for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, lanes, lanes + 1, 2 * MR + 3, int64_t{100}})
+                    for (int64_t k : {1, 7, 8, 17, 40})
                         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.5f}}) {
                             GemmCase g;
                             g.tb = 'T';

@@ -182,19 +182,22 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     }
 }
 
-// Few rows against B^T (m <= the ISA's lanes, alpha = 1, beta 0 or 1), as C^T = B^T A^T: B^T's
-// rows, as stored, are the microkernel's broadcast operand and A^T one packed panel, so B is read
-// once and never transposed (macro_bt); depth blocks as the other paths cut them, each added to
-// C in order, so every element has the bits the other paths give it. Zen 5, 1 thread, against
-// dnnl_sgemm, x 1536 x 512 NT: 9 rows 0.94x -> 1.00x, 12 rows 1.08x -> 1.31x, 16 rows 1.19x ->
-// 1.68x (16 x 4096 x 512 1.18x -> 1.71x); AVX2 7 rows 0.86x -> 1.04x, 8 rows 0.87x -> 1.08x. Fewer
-// rows ran slower this way (AVX-512: 1-4 rows 0.83-0.85x of the transposing path, 8 level).
+// Few rows against B^T (m <= the ISA's lanes, alpha = 1, beta 0 or 1), B^T read in place and never
+// packed: up to 9 rows on AVX-512 (8 on AVX2) B^T's rows are transposed in registers as they are
+// read (macro_bt_rows); from 10 rows they are the microkernel's broadcast operand against A^T as
+// one packed panel, C^T = B^T A^T (macro_bt). Depth blocks as the other paths cut them, each added
+// to C in order, so every element has the bits the other paths give it.
+// Zen 5, 1 thread, against dnnl_sgemm, x 1536 x 512 NT, the transposing pack before -> macro_bt:
+// 12 rows 1.08x -> 1.31x, 16 rows 1.19x -> 1.68x (16 x 4096 x 512 1.18x -> 1.71x); before ->
+// macro_bt_rows: 1 row 0.41x -> 0.67x, 2 rows 0.34x -> 0.54x, 4 rows 0.63x -> 0.92x, 6 rows 0.74x
+// -> 0.99x, 8 rows 0.92x -> 1.37x, 9 rows (macro_bt) 1.00x -> 1.21x; 1 x 4096 x 1024 0.25x ->
+// 0.51x, 8 x 512 x 512 0.83x -> 1.18x. From 10 rows macro_bt_rows spills its registers (10 rows
+// 0.56x). AVX2 (oneDNN on AVX2 too), 3-8 rows 1.01-1.22x faster than the transposing pack or
+// macro_bt, 1-2 rows level: AVX2's 8 lanes all take macro_bt_rows, and its macro_bt is not reached.
 bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const Output &c) {
     const SgemmKernel &uk = *s.sgemm;
-    // Fewer rows leave too many of A^T's lanes empty: the transposing pack of the other paths is
-    // then cheaper than a broadcast per element of B. From 9 of 16 lanes (AVX-512) and 7 of 8 (AVX2).
-    const int64_t min_rows = uk.lanes == 16 ? 9 : 7;
-    if (b.rs != 1 || m > uk.lanes || m < min_rows || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f)) return false;
+    if (b.rs != 1 || m > uk.lanes || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f)) return false;
+    const bool rows_path = m <= (uk.lanes == 16 ? kBtRowsMax : 8);
     const TileConfig &t = s.tiles;
     const int64_t MR = uk.mr, W = uk.lanes, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
@@ -205,6 +208,13 @@ bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Opera
         for (int64_t p = 0; p < kc; ++p)
             for (int64_t i = 0; i < W; ++i) at[p * W + i] = i < m ? *a.at(i, pc + p) : 0.0f;
         const bool accumulate = pc > 0 || c.beta == 1.0f;
+        if (rows_path) {
+            parallel_chunks(ceil_div(n, W), T, [&](int64_t q0, int64_t q1) {
+                const int64_t j0 = q0 * W, cols = std::min(n, q1 * W) - j0;
+                uk.macro_bt_rows(m, cols, kc, at, b.at(pc, j0), b.cs, c.p + j0, c.ld, accumulate);
+            });
+            continue;
+        }
         parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
             const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;
             uk.macro_bt(m, cols, kc, b.at(pc, j0), b.cs, at, c.p + j0, c.ld, accumulate);

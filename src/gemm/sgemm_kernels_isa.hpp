@@ -2,6 +2,7 @@
 // it defines MHA_ISA_TAG (avx2 or avx512) and MHA_ISA_ARCH (the xsimd architecture).
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/activation.hpp"
+#include "gemm/sgemm_bt_rows.hpp"
 #include "gemm/sgemm_macro.hpp"
 
 namespace mha::gemm {
@@ -13,7 +14,8 @@ constexpr SgemmKernel make_kernel(const char *name) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, A>::size);
     return SgemmKernel{name, Isa::MHA_ISA_TAG, MR, NR, &pack_strips<A, MR>, &pack_panels<A, NR>,
                        &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>,
-                       &sgemm_macro_bt<A, MR>, static_cast<int>(xsimd::batch<float, A>::size), &activate<A>};
+                       &sgemm_macro_bt<A, MR>, static_cast<int>(xsimd::batch<float, A>::size),
+                       &sgemm_macro_bt_rows<A>, &activate<A>};
 }
 
 #define MHA_EMIT_KERNEL(name, mr, nv) make_kernel<mr, nv>(name),

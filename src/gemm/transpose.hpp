@@ -21,7 +21,14 @@ struct Transpose<xsimd::avx512f> {
     // Reads rows [0, g) of src (row stride ld, 16 floats each; rows past g read as zero) and
     // writes, for t in [0, 16), lanes [0, g) of column t to dst + t * dst_ld.
     static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
-        __m512 r[16], t[16];
+        __m512 r[16];
+        columns(src, ld, g, r);
+        const __mmask16 mask = static_cast<__mmask16>((1u << g) - 1u);
+        for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
+    }
+    // The block's columns in registers: r[t] lane i = src[i * ld + t] for rows i < g, zero past.
+    [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m512 r[16]) {
+        __m512 t[16];
         for (int i = 0; i < 16; ++i) r[i] = i < g ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
         for (int i = 0; i < 16; i += 2) {
             t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -42,8 +49,6 @@ struct Transpose<xsimd::avx512f> {
             r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
             r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
         }
-        const __mmask16 mask = static_cast<__mmask16>((1u << g) - 1u);
-        for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
     }
 };
 #endif
@@ -56,7 +61,25 @@ struct Transpose<xsimd::fma3<xsimd::avx2>> {
     // dst + t * dst_ld: lanes [0, g) from the rows, lanes [g, min(dst_ld, 8)) as zeros (the caller's
     // panel padding). Unlike the AVX-512 block it writes those padding lanes.
     static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
-        __m256 r[8], t[8];
+        __m256 t[8];
+        columns(src, ld, g, t);
+        // Masked stores are microcoded on AMD (Zen 3: packing A for the 6-row kernel took 7% of an
+        // L = 128 attention in them), so each column is stored whole, lanes from g on as the zeros
+        // they hold, in column order: with dst_ld < 8 a store runs into the next columns, which
+        // their own stores then overwrite. Only the stores that would run past the block's
+        // 8 dst_ld floats are masked, to dst_ld lanes.
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(dst_ld < 8 ? dst_ld : 8)), lane);
+        for (int i = 0; i < 8; ++i) {
+            if (i * dst_ld + 8 <= 8 * dst_ld)
+                _mm256_storeu_ps(dst + i * dst_ld, t[i]);
+            else
+                _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
+        }
+    }
+    // The block's columns in registers: t[c] lane i = src[i * ld + c] for rows i < g, zero past.
+    [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m256 t[8]) {
+        __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = i < g ? _mm256_loadu_ps(src + i * ld) : _mm256_setzero_ps();
         for (int i = 0; i < 8; i += 2) {
             t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
@@ -71,19 +94,6 @@ struct Transpose<xsimd::fma3<xsimd::avx2>> {
         for (int i = 0; i < 4; ++i) {
             t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
             t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
-        }
-        // Masked stores are microcoded on AMD (Zen 3: packing A for the 6-row kernel took 7% of an
-        // L = 128 attention in them), so each column is stored whole, lanes from g on as the zeros
-        // they hold, in column order: with dst_ld < 8 a store runs into the next columns, which
-        // their own stores then overwrite. Only the stores that would run past the block's
-        // 8 dst_ld floats are masked, to dst_ld lanes.
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(dst_ld < 8 ? dst_ld : 8)), lane);
-        for (int i = 0; i < 8; ++i) {
-            if (i * dst_ld + 8 <= 8 * dst_ld)
-                _mm256_storeu_ps(dst + i * dst_ld, t[i]);
-            else
-                _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
         }
     }
 };

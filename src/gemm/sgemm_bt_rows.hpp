@@ -1,0 +1,86 @@
+// One to kBtRowsMax rows against B^T read in place (see MacroBtRowsFn), written once over an xsimd
+// architecture. Include only from an ISA's translation unit.
+//
+// Every element of C is the ordered FMA chain over the depth block that the microkernel computes,
+// so the lanes must run along C's columns: B^T's rows are transposed W x W at a time in registers
+// (Transpose::columns) and consumed at once, never stored. With so few rows the transposes, not the
+// FMAs, are the work, and B's reads pace them: one tile (W rows of B^T) is walked along its depth
+// at a time, W streams the hardware prefetchers follow. Zen 5, 1 thread, a 1536 x 512 B^T from
+// L3: its transposes took 33 us 16 rows at a time, 44 us 32 at a time and 73 us when the panels
+// were also stored, as packing does. Two or more tiles side by side (more independent FMA chains
+// for one or two rows) ran 1.2-2x slower for the same reason, and so did prefetching the next
+// tile's rows ahead.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <xsimd/xsimd.hpp>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "gemm/transpose.hpp"
+#include "simd/fmadd.hpp"
+
+namespace mha::gemm {
+namespace {
+
+// C[0:M, 0:cols] = A B or A B + C (accumulate) for cols <= W: B^T's rows [0, cols) at bt (ldbt
+// apart, k floats each), A^T packed in at (k x W: at[p W + i] = A(i, p)).
+template <class Arch, int M>
+void bt_rows_tile(int64_t cols, int64_t k, const float *at, const float *bt, int64_t ldbt, float *c, int64_t ldc,
+                  bool accumulate) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr int W = static_cast<int>(V::size), L = Transpose<Arch>::L;
+    static_assert(L == W, "one transposed block is one vector per depth step");
+    const int rows = static_cast<int>(cols);
+    V acc[M];
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) acc[i] = V(0.0f);
+    int64_t p0 = 0;
+    for (; p0 + L <= k; p0 += L) {
+        typename V::register_type col[L];  // col[q] lane r = B^T(r, p0 + q), zero past the rows
+        Transpose<Arch>::columns(bt + p0, ldbt, rows, col);
+        const float *ap = at + p0 * W;
+#pragma GCC unroll 16
+        for (int q = 0; q < L; ++q)
+#pragma GCC unroll 8
+            for (int i = 0; i < M; ++i) acc[i] = simd::fmadd(V(ap[q * W + i]), V(col[q]), acc[i]);
+    }
+    if (p0 < k) {  // the depth's last steps, which a block would read past the rows' end
+        alignas(64) float col[L * W] = {};
+        for (int64_t q = 0; q < k - p0; ++q)
+            for (int r = 0; r < rows; ++r) col[q * W + r] = bt[r * ldbt + p0 + q];
+        for (int64_t q = 0; q < k - p0; ++q)
+            for (int i = 0; i < M; ++i) acc[i] = simd::fmadd(V(at[(p0 + q) * W + i]), V::load_aligned(col + q * W), acc[i]);
+    }
+    for (int i = 0; i < M; ++i) {
+        float *cp = c + i * ldc;
+        if (rows == W) {
+            (accumulate ? acc[i] + V::load_unaligned(cp) : acc[i]).store_unaligned(cp);
+            continue;
+        }
+        alignas(64) float t[W];
+        acc[i].store_aligned(t);
+        for (int j = 0; j < rows; ++j) cp[j] = accumulate ? t[j] + cp[j] : t[j];
+    }
+}
+
+// MacroBtRowsFn: the columns W at a time.
+template <class Arch>
+void sgemm_macro_bt_rows(int64_t m, int64_t n, int64_t k, const float *at, const float *bt, int64_t ldbt, float *c,
+                         int64_t ldc, bool accumulate) {
+    constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+        (void)((m == R + 1 && (
+                    [&] {
+                        for (int64_t j = 0; j < n; j += W)
+                            bt_rows_tile<Arch, R + 1>(n - j < W ? n - j : W, k, at, bt + j * ldbt, ldbt, c + j, ldc,
+                                                      accumulate);
+                    }(),
+                    true)) ||
+               ...);
+    }(std::make_integer_sequence<int, kBtRowsMax>{});
+}
+
+} // namespace
+} // namespace mha::gemm
