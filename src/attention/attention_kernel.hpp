@@ -558,7 +558,18 @@ struct FusedAttention {
     static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
-        start(M, Dv, m, l, acc);
+        // The rows in panels of nearly equal height (128 rows: 8 x 13 + 2 x 12, not 9 x 14 + 2):
+        // a panel of a few rows has too few independent sums to keep the FMA units busy. A
+        // row's sums do not depend on the panel it is in.
+        const int64_t panels = (M + MR - 1) / MR, tall = M % panels, base = M / panels;
+        // A packed item of up to 64 panels does not zero its accumulator up front: a panel's first
+        // P V stores its sums (beta = 0) where adding them to zeros gives the same bits (the sums
+        // start from +0, so none is -0, and x + 0 = x for any other x, NaN included), and the
+        // panels no P V reached are zeroed at the end. (L64 H8 D64: the fill was 1.5% of the call.)
+        const bool lazy = !it.direct && panels <= 64;
+        auto bit = [](int64_t p) { return uint64_t{1} << p; };
+        uint64_t written = 0;  // the panels P V has stored, when lazy
+        start(M, lazy ? 0 : Dv, m, l, acc);
         // Tiles before every row's window are skipped whole; tiles stay aligned to block_k.
         const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
         for (int64_t j0 = std::max(c0, begin); j0 < c1; j0 += s.block_k) {
@@ -574,10 +585,6 @@ struct FusedAttention {
             // the fold to P V (a whole tile of scores is M x block_k floats: 112 KiB by default).
             const float *kp = kv.k(s, k, it, j0, n, w);
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
-            // The rows in panels of nearly equal height (128 rows: 8 x 13 + 2 x 12, not 9 x 14 + 2):
-            // a panel of a few rows has too few independent sums to keep the FMA units busy. A
-            // row's sums do not depend on the panel it is in.
-            const int64_t panels = (M + MR - 1) / MR, tall = M % panels, base = M / panels;
             for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
                 r1 = r0 + base + (p < tall ? 1 : 0);
                 int64_t first = 0;
@@ -592,9 +599,16 @@ struct FusedAttention {
                     scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
                 gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR, sp,
                                                                   s.block_k, 1, nullptr, 0, vp + first * NR, v_depth,
-                                                                  acc + r0 * Dv, Dv, 1.0f, 1.0f});
+                                                                  acc + r0 * Dv, Dv, 1.0f,
+                                                                  !lazy || written & bit(p) ? 1.0f : 0.0f});
+                if (lazy) written |= bit(p);
             }
         }
+        if (lazy)
+            for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
+                r1 = r0 + base + (p < tall ? 1 : 0);
+                if (!(written & bit(p))) std::fill(acc + r0 * Dv, acc + r1 * Dv, 0.0f);
+            }
     }
 
     // Folds a chunk's state (cm, cl, cacc) into the running state (m, l, acc), row by row, in the

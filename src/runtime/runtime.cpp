@@ -2,8 +2,10 @@
 
 #include <tbb/info.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +72,7 @@ BufferPool::Lease BufferPool::borrow(size_t count) {
         if (buf) free_.push_back(std::move(buf));  // within the capacity reserved above
         throw;
     }
+    if (poison) std::fill_n(buf->data(), count, std::numeric_limits<float>::quiet_NaN());
     return Lease(*this, std::move(buf));
 }
 
@@ -151,6 +154,7 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     // so that their same-bits-on-any-thread-count checks go through the parallel paths).
     if (const char *env = std::getenv("MHA_PARALLEL_ALWAYS"); env && std::string(env) == "1")
         s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
+    if (const char *env = std::getenv("MHA_POISON_SCRATCH"); env && std::string(env) == "1") s.pool.poison = true;
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);

@@ -46,6 +46,9 @@ public:
         std::unique_ptr<AlignedBuffer> buf_;
     };
     Lease borrow(size_t count);
+    // MHA_POISON_SCRATCH=1 (the tests): every buffer lent is first filled with NaN, so a kernel that
+    // reads scratch it has not written shows it in its output.
+    bool poison = false;
     // Of every buffer the pool holds, lent out now or not: a query from one host thread must not
     // depend on which calls other threads have running at that moment.
     size_t bytes();
