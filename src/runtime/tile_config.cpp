@@ -126,7 +126,16 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // from Zen 3's back-to-back calls, where the workers were still awake) put the --quick softmax
     // rows at 0.81-0.93x of 1 thread, so elementwise work takes a second thread from 512K
     // elements (256K per thread; rejected: 128K, 0.98x at 256K elements).
-    t.parallel_min_flops = int64_t{8} << 20;
+    // Zen 5 again (2026-11-24 12:05), finer steps around the break-even, 2 threads forced against
+    // 1, each call after 300 us (and 1 ms) of other work, medians: sgemm 144^3 (6.0 MFLOP) 0.88x,
+    // 160^3 (8.2) 0.98-1.02x, 168^3 (9.5) 1.11-1.12x, 176^3 (10.9) 1.13-1.17x; attention H8 D64 L48
+    // (4.7) 0.76x, L56 (6.4) 1.04x, L64 (8.4) 1.08-1.11x, L72 (10.6) 1.28-1.31x. So on Zen 5 a
+    // second thread from 9.4 MFLOP (4.5 MFLOP a thread): at that size every entry point measured
+    // gains (sgemm 6x1536x512 NT 1.09x, 300x64x256 1.08x, 64x300x256 NT 1.11x, 16x512x640 NT
+    // 1.03x, 12x1024x512 1.06x, 8x1536x512 NT 1.40x; attention B2 L48 1.24x, L48 D128 1.26x, L72
+    // 1.29x), where 16 MFLOP had left them on one thread. Elsewhere (Zen 3 above; Intel and Zen 4
+    // unmeasured) 8 MFLOP a thread stays.
+    t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
 }
