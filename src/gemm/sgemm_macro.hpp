@@ -36,6 +36,18 @@ constexpr int kWideRowsDirect = [] {
     while (r + 1 < MR && 8 * (r + 1) * 2 * NV <= 5 * regs) ++r;
     return r;
 }();
+// And the fewest of those rows read more panels still, as many as their sums and B vectors leave
+// registers for (r NP NV sums, NP NV B vectors and a broadcast), at most 4: on AVX-512 with 14x32,
+// 4 panels for 1-2 rows, 3 for 3-4 rows, 2 for 5. Zen 5, 1 thread, against dnnl_sgemm, x 1536 x 512
+// NN, two panels -> these: 1 row 0.65x -> 0.90x, 2 rows 1.05x -> 1.42x, 3 rows 0.80x -> 0.88x, 4
+// rows 1.11x -> 1.25x; wider lost (1 row 5 panels 0.60x, 2 rows 5 panels 0.72x, 5 rows 3 panels 0.70x).
+template <class Arch, int MR, int NV>
+constexpr int direct_panels(int r) {
+    constexpr int regs = xsimd::batch<float, Arch>::size == 16 ? 32 : 16;
+    if (r > kWideRowsDirect<Arch, MR, NV>) return 1;
+    const int np = (regs - 2) / ((r + 1) * NV);
+    return np < 2 ? 2 : np > 4 ? 4 : np;
+}
 
 // The microkernel with MR rows, or, for the rows left at the bottom edge, the same kernel
 // instantiated with exactly that many rows (reading A with its packed strides 1 and MR).
@@ -141,6 +153,18 @@ void sgemm_macro_sup(const SupArgs &s) {
         const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
         const float *a = s.a + i * s.rs_a;
         int64_t jr = s.jr0;
+        if (s.b && mr < MR)  // B in place: direct_panels(mr) panels a tile
+            [&]<int... R>(std::integer_sequence<int, R...>) {
+                (void)((mr == R + 1 && ([&] {
+                            constexpr int NP = direct_panels<Arch, MR, NV>(R + 1);
+                            if constexpr (NP > 2)
+                                for (; jr + NP - 1 < s.jr1 && (jr + NP) * NR <= s.nc; jr += NP)
+                                    sgemm_ukernel<Arch, R + 1, NV, Layout::strided, Layout::strided, NP>(
+                                        s.k, a, s.rs_a, s.cs_a, s.b + jr * NR, s.rs_b, s.c + i * s.ldc + jr * NR, s.ldc,
+                                        s.alpha, s.beta, nullptr, NR);
+                        }(), true)) ||
+                       ...);
+            }(std::make_integer_sequence<int, kWideRowsDirect<Arch, MR, NV>>{});
         if (mr < MR && (s.b ? mr <= kWideRowsDirect<Arch, MR, NV> : wide_edge<Arch, MR, NV>(mr)))  // two B panels a tile
             for (; jr + 1 < s.jr1 && (jr + 2) * NR <= s.nc; jr += 2) {
                 const int64_t j = jr * NR;
