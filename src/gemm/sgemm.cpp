@@ -318,7 +318,16 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
     const Output C{c, ldc, alpha, beta};
-    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k;
+    // One strip of rows (m <= MR) streams B exactly once: read in place, not packed first (the
+    // packing would be a pass of its own over all of B). Zen 5, 1 thread, packed -> in place:
+    // 1x1000x1000 19 -> 41 GFLOP/s, 8x1000x1000 121 -> 237, 8x1536x1536 124 -> 244, 1x4096x1024
+    // 18 -> 31, 4x4096x1024 68 -> 105, 12x4096x1024 136 -> 182, 12x2048x2048 136 -> 169; with two
+    // strips each reads B again, and there the packed copy can win (16x2048x2048 153 vs 129).
+    // AVX2 (MR 6) gains only for 1 row (1x2048x2048 0.28x -> 0.34x dnnl, 1x1000x1000 0.36x ->
+    // 0.77x); 2-6 rows against an 8 KiB row stride lose to the packed copy (2x2048x2048 1.49x ->
+    // 1.41x, 3 rows 1.31x -> 0.97x, 6 rows 1.10x -> 0.91x).
+    const int64_t in_place_rows = s.sgemm->lanes == 16 ? s.sgemm->mr : 1;
+    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k || (transb == Trans::N && m <= in_place_rows);
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
         sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);
