@@ -362,6 +362,45 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
     }
 }
 
+TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chunks of depth, with the other paths' bits") {
+    // Such a stride sends a strip of at most chain_rows rows through sgemm_sup_chained (its depth a
+    // few rows at a time across all its tiles, the sums kept in between); any other stride takes
+    // it tile by tile. Both must give every element the same bits, and the reference's values,
+    // across depth chunks and blocks (k from 9: one chunk and a row), the packed edge panel, the
+    // multi-panel tiles of 1-5 rows, alpha and beta.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t NR = uk->nr, m_all = uk->chain_rows + 1;
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
+            for (int64_t ldb : {1024, 2048})
+                for (int64_t n : {int64_t{1}, NR - 1, NR + 1, 2 * NR + 3, 4 * NR + 5, int64_t{300}})
+                    for (int64_t k : {9, 17, 40, 333}) {
+                        const int64_t lda = k + 3, ldc = n + 2, ldb_off = ldb + 5;
+                        const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 31);
+                        const auto b = test::random_floats(static_cast<size_t>(k * ldb), 32);
+                        std::vector<float> b_off(static_cast<size_t>(k * ldb_off));
+                        for (int64_t p = 0; p < k; ++p)
+                            std::copy(b.begin() + p * ldb, b.begin() + p * ldb + n, b_off.begin() + p * ldb_off);
+                        const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), 33);
+                        for (int64_t m = 1; m <= m_all; ++m)
+                            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+                                std::vector<float> c(c0), c_off(c0);
+                                sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                                      c.data(), ldc);
+                                sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b_off.data(), ldb_off,
+                                      beta, c_off.data(), ldc);
+                                CHECK_MESSAGE(test::same_bits(c, c_off), "ldb=", ldb, " n=", n, " k=", k, " m=", m,
+                                              " alpha=", alpha, " beta=", beta, " small tiles=", small);
+                            }
+                        // The values, against the double reference (C's padding untouched).
+                        check_gemm(rt, GemmCase{'N', 'N', m_all - 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 7});
+                    }
+        }
+    }
+}
+
 TEST_CASE("8 host threads share one runtime") {
     Runtime rt(RuntimeOptions{2, {}, {}, {}});
     const int64_t m = 150, n = 170, k = 300;

@@ -142,16 +142,33 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
     // The kc x NC block of B takes the packed path's B footprint (KC x NC, half of L2).
-    const int64_t nc_blk = std::clamp(t.nc * t.kc / kc_max / NR * NR, NR, round_up(n, NR));
+    int64_t nc_blk = std::clamp(t.nc * t.kc / kc_max / NR * NR, NR, round_up(n, NR));
     // B is read in place only when few rows of A reuse it: its rows lie n apart, a stride that
     // maps a panel's lines onto few L1 sets (n = 128: 8 of 64), so when it is read many times the
     // packed copy pays. Zen 3, 1 thread: 2048x64x2048 63 GF/s packed vs 54 in place, 1024x128x1024
     // 72 vs 62; at 64x64x64 the in-place read stayed ahead (59 vs 55).
     const bool b_direct = b.cs == 1 && m < 8 * MR;
     const int64_t n_ir = ceil_div(m, MR);
+    // B's rows a multiple of 4 KiB apart put a tile's column of lines all in one set of L1 (64
+    // sets of 64 bytes on every x86 core), so a strip of a few rows, which reads B in place once,
+    // would miss on every row walking a tile's depth. It takes the depth 8 rows at a time across
+    // as many columns as its sums fit in 16 KiB of L1 instead (SupArgs::chain). Zen 5, 1 thread,
+    // against dnnl_sgemm, NN, tile by tile -> chained: 1x1024x1024 0.68x -> 0.80x, 1x2048x2048
+    // 0.65x -> 0.83-0.86x, 1x1024x4096 0.66x -> 0.88x, 1x4096x1024 0.67x -> 0.88x, 1x3072x1024
+    // 0.72x -> 0.84x, 2x2048x2048 1.27x -> 1.54x, 3x2048x2048 0.80x -> 0.97x, 5x4096x1024 1.01x ->
+    // 1.04x. Other strides lose by it (the chunks' reloads of their sums, with no aliasing to
+    // undo): 1x2000x2000 1.10x -> 0.95x, 1x2560x1024 0.95x -> 0.84x, 1x512x4096 (2 KiB) 0.89x ->
+    // 0.80x; 16 rows a chunk were 3-8% slower than 8, 4 rows 5-15%; the B prefetch 8 rows ahead
+    // (a chunk's end: rows read much later) is left out.
+    constexpr int64_t chain_depth = 8, chain_bytes = 16 << 10;
+    const bool chained = b_direct && m <= uk.chain_rows && kc_max > chain_depth && b.rs % 1024 == 0;
+    if (chained) nc_blk = std::clamp(chain_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
+    const int64_t ld_chain = chained ? round_up(nc_blk, NR) : 0;
 
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * nc_blk));
-    float *bp = scratch.data();
+    // B in place packs only the panel cut by the edge (bp then holds that one panel).
+    const int64_t bp_cols = b_direct ? NR : nc_blk;
+    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_chain));
+    float *bp = scratch.data(), *chain = chained ? bp + kc_max * bp_cols : nullptr;
     for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
         const int64_t nc = std::min(nc_blk, n - jc);
         const int64_t n_jr = ceil_div(nc, NR);
@@ -164,7 +181,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                     uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
                 });
             else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
-                uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp + (n_jr - 1) * NR * kc);
+                uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
 
             const float beta = pc == 0 ? c.beta : 1.0f;
             const int64_t ir_split = std::min(n_ir, 4 * T);
@@ -176,7 +193,8 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 if (ir0 >= ir1 || jr0 >= jr1) return;
                 const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
                 uk.macro_sup(SupArgs{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
-                                     b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta});
+                                     b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta, chain, ld_chain, chain_depth,
+                                     b_direct ? (n_jr - 1) * NR : 0});
             });
         }
     }
@@ -323,10 +341,11 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // 1x1000x1000 19 -> 41 GFLOP/s, 8x1000x1000 121 -> 237, 8x1536x1536 124 -> 244, 1x4096x1024
     // 18 -> 31, 4x4096x1024 68 -> 105, 12x4096x1024 136 -> 182, 12x2048x2048 136 -> 169; with two
     // strips each reads B again, and there the packed copy can win (16x2048x2048 153 vs 129).
-    // AVX2 (MR 6) gains only for 1 row (1x2048x2048 0.28x -> 0.34x dnnl, 1x1000x1000 0.36x ->
-    // 0.77x); 2-6 rows against an 8 KiB row stride lose to the packed copy (2x2048x2048 1.49x ->
-    // 1.41x, 3 rows 1.31x -> 0.97x, 6 rows 1.10x -> 0.91x).
-    const int64_t in_place_rows = s.sgemm->lanes == 16 ? s.sgemm->mr : 1;
+    // AVX2 (MR 6) too, since B rows 4 KiB apart are read in chunks (see sgemm_sup), against
+    // dnnl_sgemm on AVX2: 2x1000x1000 0.53x -> 0.98x, 6x1000x1000 0.62x -> 0.98x, 4x3000x1000
+    // 0.56x -> 0.99x, 3x2000x2000 0.46x -> 0.73x, 2x2048x2048 1.45x -> 3.6x, 6x2048x2048 1.10x ->
+    // 1.56x, level at 2-6x1536x512 (before the chunks, 3 and 6 rows at an 8 KiB stride lost).
+    const int64_t in_place_rows = s.sgemm->mr;
     const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k || (transb == Trans::N && m <= in_place_rows);
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;

@@ -13,7 +13,9 @@ namespace mha::gemm {
 // The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
 // panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
 // else from the packed panels bp, each bp_depth (>= k) deep. The panel cut by the column edge
-// always comes packed (in bp).
+// always comes packed (in bp). chain (optional, with b and one strip of at most chain_rows rows;
+// ld_chain >= jr1 NR floats a row): room for the strip's sums, and the strip then reads B's depth in chunks
+// of chain_depth rows across all its tiles (see sgemm_sup_chained).
 struct SupArgs {
     int64_t mc, nc, k, jr0, jr1;
     const float *a;
@@ -25,6 +27,10 @@ struct SupArgs {
     float *c;
     int64_t ldc;
     float alpha, beta;
+    float *chain = nullptr;
+    int64_t ld_chain = 0, chain_depth = 0;
+    int64_t bp_j0 = 0;  // the first column bp holds (its panels start there)
+    const float *panel(int64_t j) const { return bp + (j - bp_j0) * bp_depth; }
 };
 
 // The row strips a block of mc rows is cut into for the microkernel, MR rows each, except that
@@ -84,6 +90,7 @@ struct SgemmKernel {
     int lanes;  // floats in one vector of the ISA (the rows macro_bt takes at most)
     MacroBtRowsFn macro_bt_rows;
     ActivateFn activate;
+    int chain_rows;  // a strip of at most this many rows may take SupArgs::chain (kChainRows)
 };
 
 std::span<const SgemmKernel> sgemm_kernels_avx2();

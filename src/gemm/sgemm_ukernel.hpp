@@ -26,10 +26,14 @@ enum class Layout { packed, strided };
 // NP > 1 (the few rows at the bottom edge): NP B panels at once, b_panel floats apart, for C's
 // MR x NP NR tile, so a tile of two or three rows still has enough independent sums to keep the
 // FMA units busy; each sum is the one NP = 1 computes.
-template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1>
+// Resume: the sums start from resume[i * ld_resume + j] (a tile's sums over the depth before, as
+// an earlier call with alpha = 1, beta = 0 stored them) instead of zero, so a tile's depth can be
+// split over calls and every sum stays the one ordered FMA chain (see sgemm_sup_chained).
+// PrefetchB = false leaves out the B prefetch 8 rows ahead (for calls over a few rows of B).
+template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1, bool Resume = false, bool PrefetchB = true>
 void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
                    int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr,
-                   int64_t b_panel = 0) {
+                   int64_t b_panel = 0, const float *resume = nullptr, int64_t ld_resume = 0) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size);
     constexpr int NR = NV * W;
@@ -41,7 +45,11 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NT; ++j) acc[i][j] = V(0.0f);
+        for (int j = 0; j < NT; ++j)
+            if constexpr (Resume)
+                acc[i][j] = V::load_unaligned(resume + i * ld_resume + j * W);
+            else
+                acc[i][j] = V(0.0f);
 
     // Request every line of the C tile now, so they arrive while the k loop runs: C is usually
     // far larger than L2, and a miss per row at the end of each tile costs more than the tile's
@@ -62,6 +70,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         for (int j = 0; j < NT; ++j) bv[j] = V::load_unaligned(b + j / NV * b_panel + j % NV * W);
         // B streams from L2 past the A micro-panel, which stays in L1: fetch B ahead, every line
         // of the row (one line per step left the odd lines of a 14x32 panel to the hardware).
+        if constexpr (PrefetchB)
 #pragma GCC unroll 8
         for (int q = 0; q < NP; ++q)
 #pragma GCC unroll 8
@@ -73,7 +82,7 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         // 1.05x, 3 rows 0.75x -> 0.83x, 5 rows 1.15x -> 1.20x; level from 32 rows; on lined-up
         // rows level but 5 rows (1.13x -> 1.07x). Not for a single row, whose loop is short of
         // load slots already: 0.65x -> 0.60x.
-        if constexpr (LB == Layout::strided && (NP == 1 || MR > 1))
+        if constexpr (PrefetchB && LB == Layout::strided && (NP == 1 || MR > 1))
 #pragma GCC unroll 8
             for (int q = 0; q < NP; ++q) __builtin_prefetch(b + q * b_panel + 8 * rs_b + NR - 1);
 #pragma GCC unroll 32
