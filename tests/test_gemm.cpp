@@ -398,6 +398,18 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chun
                         check_gemm(rt, GemmCase{'N', 'N', m_all - 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 7});
                     }
         }
+        // Large enough for two threads (their items split the columns and share the sums' buffer):
+        // the bits of one thread.
+        Runtime rt1(default_tiles(*uk, 1)), rt2(default_tiles(*uk, 2));
+        const int64_t n = 2048, k = 1100, ldb = 2048;
+        const auto a = test::random_floats(static_cast<size_t>(m_all * k), 41);
+        const auto b = test::random_floats(static_cast<size_t>(k * ldb), 42);
+        for (int64_t m : {int64_t{1}, int64_t{uk->chain_rows}}) {
+            std::vector<float> c1(static_cast<size_t>(m * n)), c2(c1.size());
+            sgemm(rt1, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c1.data(), n);
+            sgemm(rt2, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c2.data(), n);
+            CHECK_MESSAGE(test::same_bits(c1, c2), "m=", m);
+        }
     }
 }
 
