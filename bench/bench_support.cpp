@@ -59,6 +59,9 @@ const std::vector<GemmShape> &gemm_shapes() {
         {"few rows", 'N', 'N', 4, 1536, 512, false},
         {"few rows", 'N', 'T', 16, 1536, 512, false},
         {"few rows", 'N', 'N', 16, 1536, 512, false},
+        // One token against a 4096 -> 1024 weight stored K x N: B's rows 4 KiB apart, which the
+        // strip reads in chunks of depth (see sgemm_sup).
+        {"few rows", 'N', 'N', 1, 1024, 4096, false},
     };
     return shapes;
 }
