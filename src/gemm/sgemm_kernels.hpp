@@ -13,9 +13,10 @@ namespace mha::gemm {
 // The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
 // panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
 // else from the packed panels bp, each bp_depth (>= k) deep. The panel cut by the column edge
-// always comes packed (in bp). chain (optional, with b and one strip of at most chain_rows rows;
-// ld_chain >= jr1 NR floats a row): room for the strip's sums, and the strip then reads B's depth in chunks
-// of chain_depth rows across all its tiles (see sgemm_sup_chained).
+// always comes packed (in bp), from column bp_j0 on. chain (optional, with b and one strip of at
+// most chain_rows rows; ld_chain >= jr1 NR floats a row): room for the strip's sums, and the
+// strip then reads B's depth in chunks of chain_depth rows across all its tiles (see
+// sgemm_sup_chained).
 struct SupArgs {
     int64_t mc, nc, k, jr0, jr1;
     const float *a;

@@ -146,7 +146,6 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
     }
 }
 
-// The small-problem tiles (see SupArgs).
 // The most rows sgemm_sup_chained takes: 12 sums at most (6 rows of 14x32), whose reload every
 // chunk costs less than the misses it saves. Zen 5, 1 thread, against dnnl_sgemm, tile by tile ->
 // chained: 6x1024x1024 0.67x -> 0.79x; 8 rows lost (0.68x -> 0.62x), 14 rows more (1.01x -> 0.69x).
@@ -207,6 +206,7 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
     }
 }
 
+// The small-problem tiles (see SupArgs).
 template <class Arch, int MR, int NV>
 void sgemm_macro_sup(const SupArgs &s) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);

@@ -70,11 +70,12 @@ void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const 
         for (int j = 0; j < NT; ++j) bv[j] = V::load_unaligned(b + j / NV * b_panel + j % NV * W);
         // B streams from L2 past the A micro-panel, which stays in L1: fetch B ahead, every line
         // of the row (one line per step left the odd lines of a 14x32 panel to the hardware).
-        if constexpr (PrefetchB)
+        if constexpr (PrefetchB) {
 #pragma GCC unroll 8
-        for (int q = 0; q < NP; ++q)
+            for (int q = 0; q < NP; ++q)
 #pragma GCC unroll 8
-            for (int l = 0; l < (NR + 15) / 16; ++l) __builtin_prefetch(b + q * b_panel + 8 * rs_b + 16 * l);
+                for (int l = 0; l < (NR + 15) / 16; ++l) __builtin_prefetch(b + q * b_panel + 8 * rs_b + 16 * l);
+        }
         // B read in place need not start its rows on a line (a malloc'd matrix starts 16 bytes
         // into one), when the row's NR floats span one line more: ask for that one too. Zen 5, 1
         // thread, B 16 bytes into a line, against dnnl_sgemm: 4x1536x512 0.64x -> 0.69x, 8 rows
