@@ -185,6 +185,41 @@ TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 
     else unsetenv("MHA_PARALLEL_ALWAYS");
 }
 
+// The per-CPU GEMM blocking rules of default_tile_config, on the caches of the machines they were
+// measured on (src/runtime/tile_config.cpp). Only the numbers are computed: no kernel runs, so
+// every rule is checked on any host.
+TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, the formulas elsewhere") {
+    auto caches = [](int64_t l1d, int64_t l2, int64_t l3, bool amd, int family) {
+        CacheSizes c;
+        c.l1d = l1d; c.l2 = l2; c.l3 = l3; c.amd = amd; c.family = family;
+        return c;
+    };
+    constexpr int64_t KiB = 1024, MiB = 1024 * KiB;
+    // Intel Xeon (48 KiB L1d, 2 MiB L2): KC 512, NC = L2 / 2 / (4 KC) = 512, MC = L3 / 4 capped at 4088.
+    const TileConfig xeon = default_tile_config(Isa::avx512, caches(48 * KiB, 2 * MiB, 480 * MiB, false, 6));
+    CHECK(xeon.kc == 512);
+    CHECK(xeon.nc == 512);
+    CHECK(xeon.mc == 4088);
+    CHECK(xeon.sup_max_k == 512);
+    CHECK(xeon.parallel_min_flops == int64_t{8} << 20);
+    // AMD Zen 5 (48 KiB L1d, 1 MiB L2): KC 512, NC 256, MC = 4 L2 / (4 KC) = 2044, and its own
+    // threshold for a second thread.
+    const TileConfig zen5 = default_tile_config(Isa::avx512, caches(48 * KiB, 1 * MiB, 32 * MiB, true, 0x1a));
+    CHECK(zen5.kc == 512);
+    CHECK(zen5.nc == 256);
+    CHECK(zen5.mc == 2044);
+    CHECK(zen5.parallel_min_flops == int64_t{9} << 19);
+    // A 32 KiB L1d (Zen 4, Skylake-X) keeps the formula: L1d / ((MR + NR) 4) = 178 -> 176.
+    const TileConfig zen4 = default_tile_config(Isa::avx512, caches(32 * KiB, 1 * MiB, 32 * MiB, true, 0x19));
+    CHECK(zen4.kc == 176);
+    CHECK(zen4.nc == 1 * MiB / 2 / (176 * 4) / 32 * 32);
+    // AVX2 (6x16) keeps the formula on any cache: 48 KiB / (22 x 4) = 558 -> 552.
+    const TileConfig avx2 = default_tile_config(Isa::avx2, caches(48 * KiB, 2 * MiB, 480 * MiB, false, 6));
+    CHECK(avx2.kc == 552);
+    CHECK(avx2.gemm_ukernel == "avx2_6x16");
+    for (const TileConfig &t : {xeon, zen5, zen4, avx2}) CHECK_NOTHROW(t.validate(t.gemm_ukernel == "avx2_6x16" ? Isa::avx2 : Isa::avx512));
+}
+
 // Found by fuzz/fuzz_tile_config: a number too large for JSON's double ("6e3333") made the parser
 // throw out_of_range, not parse_error; it escaped parse_tile_config as a non-mha::Error (MHA_INTERNAL
 // through the C ABI). Now it is a broken config like any other.

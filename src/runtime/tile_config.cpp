@@ -49,11 +49,20 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 1024^3 0.91-0.98x -> 0.95-1.00x, 2048^3 0.86-0.92x -> 0.88-0.98x, 512x512x64 NT
     // 0.96-0.97x -> 1.03-1.08x, 512x64x512 0.96-1.01x -> 1.02-1.22x, 4096x1536x512 NT
     // 0.87-0.93x -> 0.92-0.98x, 4096x512x512 NT 0.87-0.96x -> 0.96-0.98x. Rejected: KC 384
-    // (NC 320) and KC 768 (NC 160), within noise of 512 or below it at 2048^3. Intel Xeon (48 KiB
-    // L1d, 2 MiB L2) measured KC 256 ahead of 320-432 (above), and Zen 4's 256-bit datapath is
-    // unmeasured: both keep the formula.
+    // (NC 320) and KC 768 (NC 160), within noise of 512 or below it at 2048^3.
+    // Intel Xeon with AMX and avx512_fp16 (2026-11-24: 48 KiB L1d, 2 MiB L2, 480 MiB L3, FMA probe
+    // 246 GFLOP/s a core), the same: KC 512 and the formulas' NC 512 and MC 4088 against the
+    // formulas' KC 264 (NC 992), vs oneDNN, 1 thread, two interleaved runs each: 1024^3 0.985x ->
+    // 1.005x, 2048^3 0.95-0.98x -> 1.01-1.02x, 4096x1536x512 NT 0.96x -> 1.00-1.01x, 4096x512x512
+    // NT 0.95x -> 1.04x, 1024x512x512 NT 0.96x -> 1.04x, 2048x1536x512 NT 0.97x -> 1.01-1.02x,
+    // 512^3 1.00-1.03x -> 1.06-1.10x, 256^3 level. Rejected there: NC 256 (0.93-1.03x), NC 1024
+    // (0.94x at 1024^3 and 2048^3), MC 2044 (level, 0.985x at 2048^3), KC 768 NC 320 (0.99-1.02x),
+    // KC 384 NC 672 (0.95-0.99x). (An older, slower Xeon, 2026-11-22, had put KC 256 ahead of
+    // 320-432, before the microkernel asked for B ahead.) So every AVX-512 core with 48 KiB of L1d
+    // or more takes KC 512: its A micro-panel (28 KiB at 14 rows) stays in L1 beside B's stream.
+    // Zen 4 and Skylake-X (32 KiB L1d) would keep 4 KiB beside it: unmeasured, they keep the formula.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
-    if (zen5) t.kc = 512;
+    if (uk.isa == Isa::avx512 && caches.l1d >= 48 * 1024) t.kc = 512;
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
     // 2 MiB L2, KC = 264 -> NC = 992 (a multiple of NR = 32). 256 to 1024 measured within noise.
     // AMD EPYC Zen 3 (AVX2, 32 KiB L1d, 512 KiB L2) gives KC = 368, NC = 176 for avx2_6x16; the
