@@ -115,6 +115,13 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // tiles), mha-tune --quick, 1 thread: GEMM candidates 0.94-0.97x the defaults (14x32 KC
     // 128-264 NC 480-1024 MC 4088, 6x64 KC 80-168, 8x48 KC 104-216), attention BQ 56-224 with BK
     // 256 0.99-1.00x and BK 128 0.96x: the defaults stay.
+    // Intel Xeon (AMX, avx512_fp16; 48 KiB L1d, 2 MiB L2; 2026-11-24), mha-tune's full search, 1
+    // thread, before KC 512: the formulas' GEMM tiles best of 72 (14x32 KC 128-328 NC 384-3072
+    // 0.96-1.00x, 6x64 0.90-0.96x, 8x48 0.93-0.99x); attention BK 512 1.02-1.03x at L1024/L2048 D64
+    // for every BQ (28-224), BK 128 0.95x, BK 64 0.87-0.88x. BK 512 against 256 there (mha-bench,
+    // 1 thread): L512 D64/D128 1.02x, serving prefill 1.01-1.03x, but decode B1-B4 Lk4096 0.95-0.98x
+    // and the paged-cache decode (B16 Lk4096) 0.92x, as on Zen 5: BK stays 256. BQ 56/168/224
+    // against 112 at L128/L512 D64/D128: 0.98-1.00x.
     t.attn_block_q = 8 * uk.mr;
     t.attn_block_k = 256;
     // Chunks of 1024 keys: long enough that the per-chunk merge is noise, short enough to give two
@@ -142,8 +149,14 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // second thread from 9.4 MFLOP (4.5 MFLOP a thread): at that size every entry point measured
     // gains (sgemm 6x1536x512 NT 1.09x, 300x64x256 1.08x, 64x300x256 NT 1.11x, 16x512x640 NT
     // 1.03x, 12x1024x512 1.06x, 8x1536x512 NT 1.40x; attention B2 L48 1.24x, L48 D128 1.26x, L72
-    // 1.29x), where 16 MFLOP had left them on one thread. Elsewhere (Zen 3 above; Intel and Zen 4
-    // unmeasured) 8 MFLOP a thread stays.
+    // 1.29x), where 16 MFLOP had left them on one thread. Intel Xeon (AMX, avx512_fp16; 2026-11-24,
+    // mha-bench's threads rows, 2 threads forced against the default, two runs): sgemm 128^3 (4.2
+    // MFLOP) 1.04-1.06x slower forced, 192^3 (14.2) 1.02-1.04x slower, 256^3 (33.5) 1.00x (the default
+    // takes 2 threads there, 1.02-1.08x faster than 1); attention H8 D64 L32 (2.1) 1.38-1.51x
+    // slower forced, L64 (8.4) 0.90-0.98x (2-10% faster forced), L128 1.43-1.44x faster than 1
+    // thread; softmax x128 forced at 64K elements 0.88-0.89x, 128K 0.65-0.69x, 256K 1.03-1.14x.
+    // The GEMM's break-even lies above 14 MFLOP there, the attention's at about 8: 16 MFLOP (8 a
+    // thread) stays for both. Elsewhere (Zen 3 above; Zen 4 unmeasured) 8 MFLOP a thread too.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
