@@ -154,10 +154,14 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // MFLOP) 1.04-1.06x slower forced, 192^3 (14.2) 1.02-1.04x slower, 256^3 (33.5) 1.00x (the default
     // takes 2 threads there, 1.02-1.08x faster than 1); attention H8 D64 L32 (2.1) 1.38-1.51x
     // slower forced, L64 (8.4) 0.90-0.98x (2-10% faster forced), L128 1.43-1.44x faster than 1
-    // thread; softmax x128 forced took 0.88-0.89x the default's time at 64K elements, 0.65-0.69x
-    // at 128K, but 1.03-1.14x at 256K (calls of 15-70 us, both runs alike; not consistent enough
-    // to move the 256K a thread). The GEMM's break-even lies above 14 MFLOP there, the attention's
-    // at about 8: 16 MFLOP (8 a thread) stays for both. Elsewhere (Zen 3 above; Zen 4 unmeasured) 8 MFLOP a thread too.
+    // thread. Softmax x128 there depends on whether the workers are awake: mha-bench's rows (back to
+    // back) had 2 threads forced faster at 64K-128K elements (0.65-0.89x the time) but slower at
+    // 256K (1.03-1.14x); a driver timing the three runtimes in shuffled order, 2 threads forced
+    // against 1: after 300 us of other work (workers asleep, as between a server's calls) 0.38x at
+    // 32K, 0.52x at 64K, 0.67x at 128K, 0.92x at 256K, 2.2x at 512K; back to back 1.13x at 64K,
+    // 1.44x at 128K, 0.91x at 256K. So 256K a thread stays (a second thread from 512K elements).
+    // The GEMM's break-even lies above 14 MFLOP there, the attention's at about 8: 16 MFLOP (8 a
+    // thread) stays for both. Elsewhere (Zen 3 above; Zen 4 unmeasured) 8 MFLOP a thread too.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
