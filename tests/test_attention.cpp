@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <xmmintrin.h>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -274,6 +275,41 @@ TEST_CASE("empty problems and kv_len == 0") {
     for (float x : out) CHECK(x == 0.0f);
     p.batch = 0;
     attention(rt, p, nullptr, nullptr, nullptr, nullptr);
+}
+
+// Subnormal floats count as zero inside the attention (MXCSR's FTZ and DAZ on every thread that
+// runs its tasks: on Intel cores an FMA on a subnormal costs a microcode assist, see
+// simd/flush_denormals.hpp), and the caller's floating-point mode is what it was afterwards.
+TEST_CASE("subnormals count as zero, and the caller's MXCSR is kept") {
+    constexpr float kTiny = 1e-40f;  // subnormal: below FLT_MIN = 1.18e-38
+    REQUIRE(std::fpclassify(kTiny) == FP_SUBNORMAL);
+    for (Isa isa : supported_isas())
+        for (int threads : {1, 2})
+            for (int64_t Lq : {1, 40}) {  // the direct path and the packed one
+                CAPTURE(isa_name(isa));
+                CAPTURE(threads);
+                CAPTURE(Lq);
+                Runtime rt(RuntimeOptions{threads, isa, {}, {}});
+                AttentionParams p;
+                p.batch = 2; p.q_len = Lq; p.kv_len = 1; p.num_heads = 2; p.num_kv_heads = 2; p.head_dim = 8;
+                p.value_dim = 24;
+                // One key and Q = 0: every score 0, P = 1, so each output row is its head's V row exactly.
+                std::vector<float> q(static_cast<size_t>(2 * Lq * 2 * 8), 0.0f), k(2 * 2 * 8, 0.25f), v(2 * 2 * 24);
+                for (size_t i = 0; i < v.size(); ++i) v[i] = i % 5 == 0 ? kTiny : 0.5f + static_cast<float>(i);
+                std::vector<float> out(static_cast<size_t>(2 * Lq * 2 * 24), test::kSentinel);
+                for (unsigned mode : {0x1F80u, 0x9FC0u}) {  // the default, and with FTZ and DAZ already on
+                    _mm_setcsr(mode);
+                    attention(rt, p, q.data(), k.data(), v.data(), out.data());
+                    CHECK((_mm_getcsr() & ~0x3Fu) == mode);  // the control bits (0-5 are sticky status flags)
+                    _mm_setcsr(0x1F80u);
+                    for (int64_t b = 0; b < 2; ++b)
+                        for (int64_t i = 0; i < Lq; ++i)
+                            for (int64_t c = 0; c < 2 * 24; ++c) {
+                                const float want = v[static_cast<size_t>(b * 48 + c)];
+                                CHECK(out[static_cast<size_t>((b * Lq + i) * 48 + c)] == (want == kTiny ? 0.0f : want));
+                            }
+                }
+            }
 }
 
 TEST_CASE("same bits on 1 and 2 threads, and for a sequence alone or inside a batch") {

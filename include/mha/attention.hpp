@@ -41,7 +41,8 @@ struct AttentionParams {
 // v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim] (each token's
 // row may be wider: see the strides).
 // All masks combine (a key must pass every one). A query row with no visible key gets zeros (and
-// zero weights). The result is bitwise identical for any thread count and for a sequence alone or
+// zero weights). Subnormal floats count as zero inside the call (FTZ and DAZ on the threads that
+// compute it; the caller's MXCSR is restored): an input or result below FLT_MIN in magnitude is 0. The result is bitwise identical for any thread count and for a sequence alone or
 // inside a batch. Throws mha::Error on bad arguments, before writing anything.
 void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out);
 

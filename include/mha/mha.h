@@ -101,6 +101,9 @@ typedef struct mha_attention_params {
 /* q [batch, q_len, num_heads, head_dim], k [batch, kv_len, num_kv_heads, head_dim],
    v [batch, kv_len, num_kv_heads, value_dim], out [batch, q_len, num_heads, value_dim].
    All masks combine (a key must pass every one). A query row with no visible key gets zeros.
+   Subnormal floats count as zero inside the call (flush-to-zero and denormals-are-zero on the
+   threads that compute it, the caller's floating-point mode restored before it returns): an input
+   or result below FLT_MIN in magnitude is 0.
    Fused: the q_len x kv_len score matrix is never stored. The result is bitwise identical for
    any thread count and for a sequence alone or inside a batch. Bad input (sizes <= 0 where they
    must be positive, num_heads not a multiple of num_kv_heads, a valid length outside [0, kv_len],

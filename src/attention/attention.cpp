@@ -13,6 +13,7 @@
 #include "attention/attention_shape.hpp"
 #include "runtime/runtime_state.hpp"
 #include "runtime/validate.hpp"
+#include "simd/flush_denormals.hpp"
 
 namespace mha {
 namespace attention_detail {
@@ -222,6 +223,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         const int64_t workers = std::min<int64_t>(useful, count);
         std::atomic<int64_t> next{0};
         auto work = [&](int64_t w) {
+            const simd::FlushDenormals ftz;  // on whichever thread runs the tasks (see flush_denormals.hpp)
             for (int64_t n; (n = next.fetch_add(1)) < count;) fn(n, scratch.data() + w * per_item);
         };
         if (workers <= 1) return work(0);
