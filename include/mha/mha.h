@@ -229,7 +229,8 @@ typedef struct mha_varlen_params {
 /* q [total_q, num_heads, head_dim], k [total_kv, num_kv_heads, head_dim], v [total_kv, num_kv_heads, value_dim],
    out [total_q, num_heads, value_dim]; total_q = q_offsets[num_seqs]. A sequence with no queries is skipped;
    one with queries and no keys gets zeros. No padding is computed: work items are (sequence, KV head,
-   query block), costliest first. */
+   query block), costliest first. Subnormals count as zero inside the attention, as in mha_attention
+   (so too in mha_attention_cached and in the layers' attention). */
 mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p,
                                 const float *q, const float *k, const float *v, float *out);
 
