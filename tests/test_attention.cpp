@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "attention/attention_shape.hpp"
 #include "mha/attention.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
@@ -425,6 +426,57 @@ TEST_CASE("scratch at Lk = 16384 stays under 32 MB, on 1 and 2 threads") {
             const float *got = out.data() + (c.Lq - 1) * c.H * c.Dv;
             for (size_t i = 0; i < want.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 5e-5);
         }
+    }
+}
+
+TEST_CASE("a windowed strip keeps only the tiles its windows span, with the bits of per-block items") {
+    // The bookkeeping: tiles [lo, ready), packed in a row since the last jump.
+    using attention_detail::TileRing;
+    TileRing r;
+    for (int64_t t = 0; t < 3; ++t) r.packed(3, t);
+    for (int64_t t = 0; t < 3; ++t) CHECK(r.holds(t));
+    r.packed(3, 3);  // a ring of 3: tile 3 takes tile 0's slot
+    CHECK(TileRing::slot(3, 3) == 0);
+    CHECK(!r.holds(0));
+    CHECK((r.holds(1) && r.holds(2) && r.holds(3) && !r.holds(4)));
+    r.packed(3, 0);  // back to tile 0 (the weights' pass): only it is held
+    CHECK((r.holds(0) && !r.holds(1) && !r.holds(3)));
+    r.packed(3, 1);
+    CHECK((r.holds(0) && r.holds(1)));
+    r.packed(3, 5);  // a jump forward
+    CHECK((r.holds(5) && !r.holds(4) && !r.holds(1)));
+    TileRing all;    // no ring: one slot per tile, every tile below ready held
+    all.packed(0, 2);
+    CHECK((all.holds(0) && all.holds(2) && !all.holds(3)));
+    CHECK(TileRing::slot(0, 7) == 7);
+
+    // Two (batch, KV head) strips on one thread keep their tiles; with a window of 256 keys a block
+    // of 112 rows spans 3 tiles of 256, so the strip holds 3 tiles, not the 17 of 4096 keys
+    // (2.2 MiB of packed K and V at D64). Two threads run per-block items instead (no strip
+    // cache): the same bits.
+    Case c{"window ring", 1, 4096, 4096, 2, 2, 64, 64, true};
+    Data d = make(c, 41);
+    d.p.variant.window = 256;
+    std::vector<float> one(static_cast<size_t>(c.Lq * c.H * c.Dv)), two(one.size());
+    {
+        Runtime r1(RuntimeOptions{1, {}, {}, {}});
+        attention(r1, d.p, d.q.data(), d.k.data(), d.v.data(), one.data());
+        CHECK(r1.scratch_bytes() < size_t{1} << 20);
+    }
+    Runtime r2(RuntimeOptions{2, {}, {}, {}});
+    attention(r2, d.p, d.q.data(), d.k.data(), d.v.data(), two.data());
+    CHECK(one == two);
+    // Rows near the start, in the middle and at the end against double (query i alone, with keys
+    // 0..i: its position stays i).
+    for (int64_t i : {int64_t{0}, int64_t{700}, c.Lq - 1}) {
+        ref::AttentionCase row = d.rc;
+        row.Lq = 1;
+        row.Lk = i + 1;
+        row.window = 256;
+        std::vector<double> want;
+        ref::attention(row, d.q.data() + i * c.H * c.D, d.k.data(), d.v.data(), want);
+        for (int64_t x = 0; x < c.H * c.Dv; ++x)
+            CHECK(std::fabs(one[static_cast<size_t>(i * c.H * c.Dv + x)] - want[static_cast<size_t>(x)]) <= 5e-5);
     }
 }
 

@@ -144,14 +144,30 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // blocks (if the strip's packed K and V fit in 8 MiB, and K and V are not in a paged cache);
     // otherwise an item is one query block. Each row is computed the same way in all of them.
     const int64_t T = st.num_threads, bk = s.block_k;
-    const int64_t cache_bytes = (s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
     auto is_direct = [&](int64_t b) { return s.group() * s.qlen(b) <= kDirectRows; };
     int64_t packed_strips = 0;
     for (int64_t b = 0; b < s.batch; ++b)
         if (s.qlen(b) > 0 && !is_direct(b)) packed_strips += s.kv_heads;
+    // With a window each query block sees the tiles from its first row's window start to its last
+    // row's keys: a strip then keeps only the most tiles any block spans, in a ring (KVTiles), so a
+    // long sequence keeps its tiles too (L16384 with window 1024: 6 tiles of 256 keys, not 64).
+    int64_t ring = 0;
+    if (s.window > 0) {
+        int64_t span = 0;
+        for (int64_t b = 0; b < s.batch; ++b)
+            if (!is_direct(b))
+                for (int64_t i0 = 0; i0 < s.qlen(b); i0 += s.block_q) {
+                    const int64_t i1 = std::min(s.qlen(b), i0 + s.block_q);
+                    const int64_t begin = s.key_begin(b, i0, i1) / bk * bk, end = s.key_end(b, i0, i1);
+                    if (end > begin) span = std::max(span, (end - begin + bk - 1) / bk);
+                }
+        if (span < (s.kv_len + bk - 1) / bk) ring = std::max<int64_t>(span, 1);
+    }
+    const int64_t cache_bytes = (ring ? ring * bk : s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
     // (A strip of one query block has nothing to reuse: packing into one small buffer then keeps
     // the tiles in cache.)
     s.cache_kv = !s.kv_cache && s.q_len > s.block_q && packed_strips >= 2 * T && cache_bytes <= (int64_t{8} << 20);
+    s.kv_ring = s.cache_kv ? ring : 0;
     const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;

@@ -52,7 +52,8 @@ struct ItemScratch {
         const int64_t BK = s.block_k, D = s.head_dim, Dv = s.value_dim;
         // Rows: a query block of the group's heads, or every KV head's rows of a direct item.
         const int64_t M = direct ? s.kv_heads * kDirectRows : s.group() * s.block_q;
-        const int64_t tiles = s.cache_kv ? (s.kv_len + BK - 1) / BK : 1;  // every tile of a strip, or one
+        // every tile of a strip, a window's ring of them, or one
+        const int64_t tiles = s.cache_kv ? (s.kv_ring ? s.kv_ring : (s.kv_len + BK - 1) / BK) : 1;
         out[0] = M * D;                                                   // q_rows: Q rows, row-major
         // q_packed: MR-row panels (per KV head), or a direct item's Q^T, rows padded to 16
         out[1] = direct ? s.kv_heads * round_up_to(kDirectRows, std::max(mr, 16)) * D : round_up_to(M, mr) * D;
@@ -274,11 +275,12 @@ struct FusedAttention {
 
     // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
     // again; with it (one strip = all query blocks of a (batch, KV head) on one thread) each tile is
-    // packed once, the first time a query block needs it, and reused by the later blocks. From the
-    // paged KV cache, K is read where it lies (already in panels) and only V is packed.
+    // packed once, the first time a query block needs it, and reused by the later blocks; with a
+    // window only the tiles its blocks' windows span, in a ring (Shape::kv_ring, TileRing). From
+    // the paged KV cache, K is read where it lies (already in panels) and only V is packed.
     struct KVTiles {
-        int64_t end = 0;                   // strip cache: keys the strip needs at most; tiles are packed this wide
-        int64_t k_ready = 0, v_ready = 0;  // strip cache: tiles packed so far
+        int64_t end = 0;             // strip cache: keys the strip needs at most; tiles are packed this wide
+        TileRing k_tiles, v_tiles;   // strip cache: the tiles held
         int64_t width(const Shape &s, int64_t j0, int64_t n) const {
             return s.cache_kv ? std::min(s.block_k, end - j0) : n;
         }
@@ -292,11 +294,11 @@ struct FusedAttention {
                 return w.k_packed;
             }
             const int64_t D = s.head_dim, t = j0 / s.block_k;
-            float *dst = w.k_packed + (s.cache_kv ? t * round_up_to(s.block_k, NR) * D : 0);
-            if (!s.cache_kv || t >= k_ready) {
+            float *dst = w.k_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * round_up_to(s.block_k, NR) * D : 0);
+            if (!s.cache_kv || !k_tiles.holds(t)) {
                 gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + s.kv_row(it.b, j0) * s.ldk + it.g * D, s.ldk, 1,
                                             dst);
-                k_ready = t + 1;
+                k_tiles.packed(s.kv_ring, t);
             }
             return dst;
         }
@@ -304,7 +306,7 @@ struct FusedAttention {
         std::pair<const float *, int64_t> v(const Shape &s, const float *v, const Item &it, int64_t j0, int64_t n,
                                             const ItemScratch &w) {
             const int64_t Dv = s.value_dim, t = j0 / s.block_k, depth = width(s, j0, n);
-            float *dst = w.v_packed + (s.cache_kv ? t * s.block_k * round_up_to(Dv, NR) : 0);
+            float *dst = w.v_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * s.block_k * round_up_to(Dv, NR) : 0);
             if (s.kv_cache) {
                 const CacheView &c = *s.kv_cache;
                 for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
@@ -317,9 +319,9 @@ struct FusedAttention {
                     for (int64_t p = 0; p < Dv; p += NR)
                         std::copy(src + p / NR * c.v_panel, src + p / NR * c.v_panel + run * NR, dst + p * depth + j * NR);
                 }
-            } else if (!s.cache_kv || t >= v_ready) {
+            } else if (!s.cache_kv || !v_tiles.holds(t)) {
                 gemm::pack_panels<Arch, NR>(Dv, depth, v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv, 1, s.ldv, dst);
-                v_ready = t + 1;
+                v_tiles.packed(s.kv_ring, t);
             }
             return {dst, depth};
         }

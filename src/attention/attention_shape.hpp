@@ -71,6 +71,7 @@ struct Shape {
     int64_t block_q, block_k;   // query rows per head in an item; keys per tile
     int64_t kv_chunk;           // keys per chunk (a multiple of block_k): the unit of key splitting
     bool cache_kv = false;      // items are strips that keep every packed K/V tile (see the scheduler)
+    int64_t kv_ring = 0;        // with cache_kv: keep only the last kv_ring tiles (a window's), 0 = all
     int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // floats between tokens in q, k, v, out
     const int64_t *q_off = nullptr, *kv_off = nullptr;  // ragged: [batch + 1] row offsets
     const CacheView *kv_cache = nullptr;  // K and V from a paged cache instead of k and v
@@ -109,6 +110,25 @@ struct Shape {
         int64_t end = 0;
         for (int64_t i = i0; i < i1; ++i) end = std::max(end, key_limit(b, i));
         return end;
+    }
+};
+
+// Which packed K (or V) tiles a strip holds between its query blocks (FusedAttention::KVTiles):
+// the tiles [lo, ready), packed in a row since the last jump. Without a ring (slots = 0) tile t
+// has slot t and every tile below ready counts as held (a strip visits its tiles in order, and
+// the tiles before a block's first, never packed, are never read); with a ring of `slots` (a
+// window's), tile t goes to slot t % slots and at most `slots` tiles are held, so a tile asked
+// for again after it was overwritten, or after a jump back, is packed again.
+struct TileRing {
+    int64_t lo = 0, ready = 0;
+    static int64_t slot(int64_t slots, int64_t t) { return slots ? t % slots : t; }
+    bool holds(int64_t t) const { return t >= lo && t < ready; }
+    void packed(int64_t slots, int64_t t) {
+        if (slots) {
+            if (t != ready) lo = t;
+            lo = std::max(lo, t + 1 - slots);
+        }
+        ready = t + 1;
     }
 };
 
