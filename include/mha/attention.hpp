@@ -42,8 +42,9 @@ struct AttentionParams {
 // row may be wider: see the strides).
 // All masks combine (a key must pass every one). A query row with no visible key gets zeros (and
 // zero weights). Subnormal floats count as zero inside the call (FTZ and DAZ on the threads that
-// compute it; the caller's MXCSR is restored): an input or result below FLT_MIN in magnitude is 0. The result is bitwise identical for any thread count and for a sequence alone or
-// inside a batch. Throws mha::Error on bad arguments, before writing anything.
+// compute it; the caller's MXCSR is restored): an input or result below FLT_MIN in magnitude is 0.
+// The result is bitwise identical for any thread count and for a sequence alone or inside a batch.
+// Throws mha::Error on bad arguments, before writing anything.
 void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out);
 
 // The same result through the unfused composition (GEMM, masks, softmax, GEMM), which stores the
