@@ -44,7 +44,8 @@ inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // The scratch layout of one item: the larger of what a packed and a direct item need.
 struct ItemScratch {
     float *q_rows, *q_packed, *k_packed, *v_packed, *s, *m, *l, *acc, *cm, *cl, *cacc, *t;
-    // Where Q K^T reads the item's Q rows (set by pack_q): the caller's Q in place, or q_rows.
+    // Where Q K^T reads the item's Q rows (set by pack_q): the caller's Q in place, or q_rows; or
+    // NULL: from q_packed, one MR-row panel per register panel of the item (see q_panels).
     const float *q_read = nullptr;
     int64_t q_ld = 0;
     static constexpr int kParts = 12;
@@ -327,6 +328,16 @@ struct FusedAttention {
         }
     };
 
+    // The rows of a packed item in register panels of nearly equal height (128 rows: 8 x 13 + 2 x
+    // 12, not 9 x 14 + 2): a panel of a few rows has too few independent sums to keep the FMA
+    // units busy. A row's sums do not depend on the panel it is in.
+    struct Panels {
+        int64_t count, base, tall;  // panels; rows in each; how many of them (the first) have one more
+        explicit Panels(int64_t M)
+            : count(std::max<int64_t>(1, (M + MR - 1) / MR)), base(M / count), tall(M % count) {}
+        int64_t rows(int64_t p) const { return base + (p < tall ? 1 : 0); }
+    };
+
     // A panel's first computed key within a tile is a multiple of this: a K panel's start, and a
     // whole group of the fold's four sum vectors, so each visible key's exp joins the same
     // partial sum as when the panel starts at the tile's first key.
@@ -469,14 +480,19 @@ struct FusedAttention {
     // of the tile's keys the panel may see, and in `first` how many before them it skips (see
     // panel_keys): only keys [first, cols) are computed and masked (the rest would all be -inf).
     static int64_t panel_scores(const Shape &s, const float *kp, const Item &it, int64_t r0, int64_t r1,
-                                int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w, int64_t &first) {
+                                int64_t rows_per_head, int64_t j0, int64_t n, const ItemScratch &w, int64_t &first,
+                                const float *q_panel = nullptr) {
         const int64_t cols = panel_keys(s, it, rows_per_head, r0, r1, j0, n, &first), D = s.head_dim;
         if (cols == 0) return 0;
-        // Q's rows are read where pack_q says (see q_in_place): the microkernel's sums are the
-        // same as from packed panels, without the packing; a score is its chain times the scale.
-        const float *qr = w.q_read + r0 * w.q_ld;
+        // Q's rows are read where pack_q put them (see q_in_place and q_panels): the panel packed
+        // for these rows, or its rows in place; the microkernel's sums are the same either way,
+        // and a score is its chain times the scale.
+        const float *qr = q_panel ? nullptr : w.q_read + r0 * w.q_ld;
         float *sp = w.s + r0 * s.block_k;
         auto scores = [&](int64_t n_keys, const float *panels, float *dst) {
+            if (q_panel)
+                return gemm::sgemm_macro_packed<Arch, MR, NV>(r1 - r0, n_keys, D, q_panel, panels, dst, s.block_k, s.scale,
+                                                              0.0f);
             gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, n_keys, D, 0, (n_keys + NR - 1) / NR, qr, w.q_ld,
                                                               1, nullptr, 0, panels, D, dst, s.block_k, s.scale, 0.0f});
         };
@@ -516,22 +532,43 @@ struct FusedAttention {
         return !it.direct && s.group() == 1 && s.ldq * static_cast<int64_t>(sizeof(float)) % 4096 != 0;
     }
 
-    // The item's Q rows as Q K^T reads them: in place (see q_in_place), or copied into q_rows, the
-    // heads' rows stacked head by head; a direct item's are then packed too, one block per KV head.
+    // Whether a packed item's Q K^T reads its Q from panels packed once for the query block (one
+    // per register panel, as chunk() cuts the rows), with the packed-A microkernel: its broadcasts
+    // come from one line a step, not from MR rows in turn. That pays once the block walks three key
+    // tiles or more. Xeon (1 thread, H8, against Q in place or copied): L2048 D64 +2.1-2.6%, causal
+    // +1.4%, D128 +0.7%, L512 D64 (two tiles) +1.1-4.5% but causal 1.2% slower, L512 D128 level,
+    // L128 (one tile) D64 5% slower. Not with the weights: their pass cuts the rows in panels of MR.
+    static bool q_panels(const Shape &s, const Item &it) {
+        if (it.direct || s.weights) return false;
+        const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
+        return key_end(s, it) - begin > 2 * s.block_k;
+    }
+
+    // The item's Q rows as Q K^T reads them: packed into panels (see q_panels), in place (see
+    // q_in_place), or copied into q_rows, the heads' rows stacked head by head; a direct item's are
+    // then packed too, one block per KV head.
     static void pack_q(const Shape &s, const float *q, const Item &it, ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
-        if (q_in_place(s, it)) {
-            w.q_read = q + s.q_row(it.b, it.i0) * s.ldq + it.g * D;
+        const bool panels = q_panels(s, it);
+        if (G == 1 && !it.direct && (panels || q_in_place(s, it))) {
+            w.q_read = q + s.q_row(it.b, it.i0) * s.ldq + it.g * D;  // one head's rows, evenly spaced
             w.q_ld = s.ldq;
+        } else {
+            w.q_read = w.q_rows;
+            w.q_ld = D;
+            for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
+                for (int64_t i = it.i0; i < it.i1; ++i) {
+                    const float *src = q + s.q_row(it.b, i) * s.ldq + (it.g * G + hh) * D;
+                    std::copy(src, src + D, w.q_rows + (hh * rows_per_head + i - it.i0) * D);
+                }
+        }
+        if (panels) {
+            const Panels split(it.rows(s));
+            for (int64_t p = 0, r0 = 0; p < split.count; r0 += split.rows(p), ++p)
+                gemm::pack_panels<Arch, MR>(split.rows(p), D, w.q_read + r0 * w.q_ld, w.q_ld, 1, w.q_packed + p * MR * D);
+            w.q_read = nullptr;
             return;
         }
-        w.q_read = w.q_rows;
-        w.q_ld = D;
-        for (int64_t hh = 0; hh < it.kv_heads * G; ++hh)
-            for (int64_t i = it.i0; i < it.i1; ++i) {
-                const float *src = q + s.q_row(it.b, i) * s.ldq + (it.g * G + hh) * D;
-                std::copy(src, src + D, w.q_rows + (hh * rows_per_head + i - it.i0) * D);
-            }
         if (!it.direct) return;  // panel_scores reads the rows in place
         const int64_t Mg = G * rows_per_head;
         for (int64_t h = 0; h < it.kv_heads; ++h) {
@@ -560,10 +597,8 @@ struct FusedAttention {
     static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
                       const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
-        // The rows in panels of nearly equal height (128 rows: 8 x 13 + 2 x 12, not 9 x 14 + 2):
-        // a panel of a few rows has too few independent sums to keep the FMA units busy. A
-        // row's sums do not depend on the panel it is in.
-        const int64_t panels = (M + MR - 1) / MR, tall = M % panels, base = M / panels;
+        const Panels split(M);
+        const int64_t panels = split.count;
         // A packed item of up to 64 panels does not zero its accumulator up front: a panel's first
         // P V stores its sums (beta = 0) where adding them to zeros gives the same bits (the sums
         // start from +0, so none is -0, and x + 0 = x for any other x, NaN included), and the
@@ -588,9 +623,10 @@ struct FusedAttention {
             const float *kp = kv.k(s, k, it, j0, n, w);
             const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
             for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
-                r1 = r0 + base + (p < tall ? 1 : 0);
+                r1 = r0 + split.rows(p);
                 int64_t first = 0;
-                const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w, first);
+                const float *q_panel = w.q_read ? nullptr : w.q_packed + p * MR * s.head_dim;
+                const int64_t cols = panel_scores(s, kp, it, r0, r1, rows_per_head, j0, n, w, first, q_panel);
                 // Past `cols` (and before `first`) every score of the panel would be -inf: folding
                 // them would leave the state as it is (their P is 0), so the fold and P V skip
                 // them, and a panel that sees none of the tile's keys is skipped.
@@ -608,7 +644,7 @@ struct FusedAttention {
         }
         if (lazy)
             for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
-                r1 = r0 + base + (p < tall ? 1 : 0);
+                r1 = r0 + split.rows(p);
                 if (!(written & bit(p))) std::fill(acc + r0 * Dv, acc + r1 * Dv, 0.0f);
             }
     }
