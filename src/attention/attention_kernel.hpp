@@ -6,7 +6,7 @@
 // packed K and V tile serves the whole group (GQA/MQA without copies). For each key tile, K^T
 // and V are packed, then each register panel of MR rows goes through
 //   S = scale (Q K^T)        the GEMM microkernel (alpha = scale) on Q's rows (see q_in_place)
-//                            and K^T's packed panels
+//                            or Q's panels (see q_panels), and K^T's packed panels
 //   masks -> -inf            causal, valid length and the boolean mask, from their compact forms
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
 //   acc += P V               the microkernel again, P read in place
