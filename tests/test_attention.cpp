@@ -258,7 +258,10 @@ TEST_CASE("Q packed in panels for blocks that walk three key tiles or more: the 
     // tiles (7 keys) send nearly every case through the panels; the default tiles the longer ones.
     const Case extra[] = {{"one head, long keys", 2, 40, 900, 2, 2, 64, 32, false, 1},
                           {"GQA, long keys, causal", 1, 33, 700, 4, 1, 32, 16, true, 0, 2},
-                          {"MHA D128", 1, 20, 600, 2, 2, 128, 128}};
+                          {"MHA D128", 1, 20, 600, 2, 2, 128, 128},
+                          // H8 D128: Q's rows 4 KiB apart, copied when read by more than one tile
+                          {"rows 4 KiB apart, long keys", 1, 20, 600, 8, 8, 128, 24, true},
+                          {"rows 4 KiB apart, one tile", 2, 20, 40, 8, 8, 128, 24}};
     std::vector<Case> cases(std::begin(kCases), std::end(kCases));
     cases.insert(cases.end(), std::begin(extra), std::end(extra));
     for (const auto &o : runtimes(2)) {
