@@ -539,7 +539,7 @@ struct FusedAttention {
     // Whether a packed item's Q K^T reads its Q from panels packed once for the query block (one
     // per register panel, as chunk() cuts the rows), with the packed-A microkernel: its broadcasts
     // come from one line a step, not from MR rows in turn. That pays once the block walks three key
-    // tiles or more. Xeon (1 thread, H8, against Q in place or copied): L2048 D64 +2.1-2.6%, causal
+    // tiles or more. Xeon (1 thread, H8, against Q in place or copied): L2048 D64 +2.0-2.6%, causal
     // +1.4%, D128 +0.7%, L512 D64 (two tiles) +1.1-4.5% but causal 1.2% slower, L512 D128 level,
     // L128 (one tile) D64 5% slower. Not with the weights: their pass cuts the rows in panels of MR.
     static bool q_panels(const Shape &s, const Item &it) {
