@@ -156,11 +156,8 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         int64_t span = 0;
         for (int64_t b = 0; b < s.batch; ++b)
             if (!is_direct(b))
-                for (int64_t i0 = 0; i0 < s.qlen(b); i0 += s.block_q) {
-                    const int64_t i1 = std::min(s.qlen(b), i0 + s.block_q);
-                    const int64_t begin = s.key_begin(b, i0, i1) / bk * bk, end = s.key_end(b, i0, i1);
-                    if (end > begin) span = std::max(span, (end - begin + bk - 1) / bk);
-                }
+                for (int64_t i0 = 0; i0 < s.qlen(b); i0 += s.block_q)
+                    span = std::max(span, s.key_tiles(b, i0, std::min(s.qlen(b), i0 + s.block_q)));
         if (span < (s.kv_len + bk - 1) / bk) ring = std::max<int64_t>(span, 1);
     }
     const int64_t cache_bytes = (ring ? ring * bk : s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;

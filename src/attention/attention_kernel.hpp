@@ -531,9 +531,8 @@ struct FusedAttention {
     // A block that walks one key tile reads them once: in place then at any spacing (Xeon, H8
     // D128, 1 thread: L128 causal +2.7-3.7%, L128 level, against the copy).
     static bool q_in_place(const Shape &s, const Item &it) {
-        if (it.direct || s.group() != 1) return false;
-        const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
-        return s.ldq * static_cast<int64_t>(sizeof(float)) % 4096 != 0 || key_end(s, it) - begin <= s.block_k;
+        return !it.direct && s.group() == 1 &&
+               (s.ldq * static_cast<int64_t>(sizeof(float)) % 4096 != 0 || s.key_tiles(it.b, it.i0, it.i1) <= 1);
     }
 
     // Whether a packed item's Q K^T reads its Q from panels packed once for the query block (one
@@ -543,9 +542,7 @@ struct FusedAttention {
     // +1.4%, D128 +0.7%, L512 D64 (two tiles) +1.1-4.5% but causal 1.2% slower, L512 D128 level,
     // L128 (one tile) D64 5% slower. Not with the weights: their pass cuts the rows in panels of MR.
     static bool q_panels(const Shape &s, const Item &it) {
-        if (it.direct || s.weights) return false;
-        const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
-        return key_end(s, it) - begin > 2 * s.block_k;
+        return !it.direct && !s.weights && s.key_tiles(it.b, it.i0, it.i1) >= 3;
     }
 
     // The item's Q rows as Q K^T reads them: packed into panels (see q_panels), in place (see
@@ -554,7 +551,7 @@ struct FusedAttention {
     static void pack_q(const Shape &s, const float *q, const Item &it, ItemScratch &w) {
         const int64_t G = s.group(), D = s.head_dim, rows_per_head = it.i1 - it.i0;
         const bool panels = q_panels(s, it);
-        if (G == 1 && !it.direct && (panels || q_in_place(s, it))) {
+        if (q_in_place(s, it) || (panels && G == 1)) {
             w.q_read = q + s.q_row(it.b, it.i0) * s.ldq + it.g * D;  // one head's rows, evenly spaced
             w.q_ld = s.ldq;
         } else {

@@ -111,6 +111,12 @@ struct Shape {
         for (int64_t i = i0; i < i1; ++i) end = std::max(end, key_limit(b, i));
         return end;
     }
+    // The key tiles (block_k keys each, at multiples of block_k) that queries [i0, i1) of batch b
+    // walk: from the one holding the first key any of them can see to the one holding the last.
+    int64_t key_tiles(int64_t b, int64_t i0, int64_t i1) const {
+        const int64_t begin = key_begin(b, i0, i1) / block_k * block_k, end = key_end(b, i0, i1);
+        return end > begin ? (end - begin + block_k - 1) / block_k : 0;
+    }
 };
 
 // Which packed K (or V) tiles a strip holds between its query blocks (FusedAttention::KVTiles):
