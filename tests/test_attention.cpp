@@ -639,6 +639,52 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks, alone and together, against d
             }
 }
 
+TEST_CASE("a panel's last P V written to the output already divided: the bits of the division after it") {
+    // Without weights, a register panel's last P V of a query block whose keys are one chunk goes
+    // straight to the output divided by the rows' sums (FusedAttention::pv_to_out, when the panel
+    // lies in one head and Dv is whole NR-column panels); with weights it goes to the accumulator
+    // and finish() divides it. The outputs must agree bit for bit, sinks and rows that see no key
+    // (zeros, even against an infinite value) included.
+    const Case cases[] = {{"one key tile, MHA", 2, 40, 100, 4, 4, 32, 64},
+                          {"causal, Lq > Lk: early rows see nothing", 1, 30, 10, 2, 2, 16, 32, true},
+                          {"valid lengths including 0", 3, 20, 40, 2, 2, 32, 32, false, 1},
+                          {"GQA: panels across heads, full mask, causal", 2, 9, 50, 8, 2, 32, 64, true, 0, 2},
+                          {"H8 D128: rows 4 KiB apart", 1, 128, 128, 8, 8, 128, 128},
+                          {"several key tiles in one chunk, causal", 1, 20, 700, 2, 2, 64, 32, true},
+                          {"two chunks", 1, 20, 1500, 2, 1, 64, 32}};
+    const VariantSpec variants[] = {{"none"}, {"sinks", 0, 0.0f, false, true}, {"all together", 9, 0.5f, true, true}};
+    for (const auto &o : runtimes(1)) {
+        Runtime rt(o);
+        for (const auto &c : cases)
+            for (const auto &v : variants)
+                for (const bool inf : {false, true}) {
+                    CAPTURE(std::string(isa_name(*o.isa)));
+                    CAPTURE(o.tiles.has_value());
+                    CAPTURE(c.what);
+                    CAPTURE(v.what);
+                    CAPTURE(inf);
+                    Data d = make(c, 53);
+                    VariantData vd;
+                    set_variant(v, c.H, vd, d.p.variant, d.rc);
+                    if (inf)  // key 3's values: rows that see it get inf or NaN, the others not
+                        for (int64_t b = 0; b < c.B; ++b)
+                            std::fill_n(d.v.begin() + (b * c.Lk + 3) * c.Hkv * c.Dv, c.Hkv * c.Dv,
+                                        std::numeric_limits<float>::infinity());
+                    std::vector<float> direct(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), test::kSentinel);
+                    attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), direct.data());
+                    const Result divided = run(rt, c, d);  // with weights
+                    CHECK(test::same_bits(direct, divided.out));
+                    if (!inf) {
+                        std::vector<double> want;
+                        ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
+                        double err = 0;
+                        for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(direct[i] - want[i]));
+                        CHECK(err <= 5e-5);
+                    }
+                }
+    }
+}
+
 TEST_CASE("variant: a window skips whole tiles and chunks, with the bits of the same band as a boolean mask") {
     // Long rows, so the window leaves whole tiles and chunks out (default and tiny tiles), on the
     // packed path (query blocks, strips), the direct path (decode) and keys split over threads.

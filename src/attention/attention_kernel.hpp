@@ -581,6 +581,40 @@ struct FusedAttention {
         }
     }
 
+    // Whether rows [r0, r1) of a packed item see no key past key `end` (their last tile then ends
+    // there), and lie in one head, so their output rows are evenly spaced (ldo apart).
+    static bool panel_ends(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t end) {
+        if (r0 / rows_per_head != (r1 - 1) / rows_per_head) return false;
+        for (int64_t r = r0; r < r1; ++r)
+            if (s.key_limit(it.b, it.i0 + r % rows_per_head) > end) return false;
+        return true;
+    }
+
+    // A register panel's last P V written straight to its output rows (o, ldo apart) divided by
+    // the rows' sums: out = (P V + beta acc) x (1 / l), rounded as storing the sum into acc and
+    // finish() dividing it would round it, without acc's pass. 1 / l comes in inv (0 where l = 0:
+    // the caller zeroes those rows). Dv is a multiple of NR.
+    template <int R = 1>
+    static void pv_to_out(int64_t rows, int64_t k, const float *p, int64_t ldp, const float *vp, int64_t v_depth,
+                          int64_t Dv, float beta, const float *acc, const float *inv, float *o, int64_t ldo) {
+        if constexpr (R <= MR) {
+            if (rows != R) return pv_to_out<R + 1>(rows, k, p, ldp, vp, v_depth, Dv, beta, acc, inv, o, ldo);
+            for (int64_t j = 0; j < Dv; j += NR)
+                gemm::sgemm_ukernel<Arch, R, NV, gemm::Layout::strided, gemm::Layout::packed, 1, false, true, true>(
+                    k, p, ldp, 1, vp + j * v_depth, NR, o + j, ldo, 1.0f, beta, nullptr, 0, nullptr, 0, inv, acc + j, Dv);
+        }
+    }
+
+    // The panel's rows done (after its last fold): each sum l gets the sink's term, and inv its
+    // inverse, as finish() takes them.
+    static void panel_inverses(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1,
+                               const float *m, float *l, float *inv) {
+        for (int64_t r = r0; r < r1; ++r) {
+            if (s.sinks && l[r] > 0.0f) l[r] += Rows::exp_against(s.sinks[it.g * s.group() + r / rows_per_head], m[r]);
+            inv[r - r0] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        }
+    }
+
     // Keys [0, key_end) are all that any row of the item can see: past the valid length, or
     // (causal) past the last row's diagonal, whole tiles are skipped.
     static int64_t key_end(const Shape &s, const Item &it) { return s.key_end(it.b, it.i0, it.i1); }
@@ -595,8 +629,14 @@ struct FusedAttention {
     // The online softmax over keys [c0, c1) from a fresh state (m = -inf, l = 0, acc = 0). Q must
     // be packed. Every chunk of keys is computed this way, by whichever thread, so splitting the
     // keys over threads gives the same bits as one thread walking them.
-    static void chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
-                      const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc) {
+    // out (not NULL: the chunk is the query block's only one, so its state is the block's): a
+    // panel's last P V goes straight to its output rows, already divided (see pv_to_out), where
+    // the panel lies in one head and Dv is whole panels; returns those panels (bit p: panel p),
+    // which finish() then leaves alone. The first P V's beta = 0 (below) makes one key tile's
+    // output P V / l without acc at all. Not with the weights (their rows are written from l
+    // after finish), so those outputs are the unfused path's, bit for bit (test_attention).
+    static uint64_t chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
+                          const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc, float *out = nullptr) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         const Panels split(M);
         const int64_t panels = split.count;
@@ -607,6 +647,8 @@ struct FusedAttention {
         const bool lazy = !it.direct && panels <= 64;
         auto bit = [](int64_t p) { return uint64_t{1} << p; };
         uint64_t written = 0;  // the panels P V has stored, when lazy
+        uint64_t done = 0;     // the panels written to out
+        if (!lazy || s.weights || Dv % NR != 0) out = nullptr;
         start(M, lazy ? 0 : Dv, m, l, acc);
         // Tiles before every row's window are skipped whole; tiles stay aligned to block_k.
         const int64_t begin = s.key_begin(it.b, it.i0, it.i1) / s.block_k * s.block_k;
@@ -636,10 +678,22 @@ struct FusedAttention {
                 Rows::online_fold(r1 - r0, cols - first, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
                 if (s.kv_cache && s.kv_cache->i8)
                     scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
-                gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR, sp,
-                                                                  s.block_k, 1, nullptr, 0, vp + first * NR, v_depth,
-                                                                  acc + r0 * Dv, Dv, 1.0f,
-                                                                  !lazy || written & bit(p) ? 1.0f : 0.0f});
+                const float beta = !lazy || written & bit(p) ? 1.0f : 0.0f;
+                if (out && panel_ends(s, it, rows_per_head, r0, r1, j0 + n)) {
+                    const int64_t i = it.i0 + r0 % rows_per_head;
+                    float *o = out + s.q_row(it.b, i) * s.ldo + (it.g * s.group() + r0 / rows_per_head) * Dv;
+                    alignas(64) float inv[MR];
+                    panel_inverses(s, it, rows_per_head, r0, r1, m, l, inv);
+                    pv_to_out(r1 - r0, cols - first, sp, s.block_k, vp + first * NR, v_depth, Dv, beta, acc + r0 * Dv,
+                              inv, o, s.ldo);
+                    for (int64_t r = r0; r < r1; ++r)  // no visible key: zeros, whatever P V gave
+                        if (l[r] == 0.0f) std::fill(o + (r - r0) * s.ldo, o + (r - r0) * s.ldo + Dv, 0.0f);
+                    done |= bit(p);
+                } else {
+                    gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR,
+                                                                      sp, s.block_k, 1, nullptr, 0, vp + first * NR,
+                                                                      v_depth, acc + r0 * Dv, Dv, 1.0f, beta});
+                }
                 if (lazy) written |= bit(p);
             }
         }
@@ -648,6 +702,7 @@ struct FusedAttention {
                 r1 = r0 + split.rows(p);
                 if (!(written & bit(p))) std::fill(acc + r0 * Dv, acc + r1 * Dv, 0.0f);
             }
+        return done;
     }
 
     // Folds a chunk's state (cm, cl, cacc) into the running state (m, l, acc), row by row, in the
@@ -668,18 +723,23 @@ struct FusedAttention {
     }
 
     // Divides the rows by their sums straight into out and, if asked, writes the weights.
-    static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv) {
+    // done: the register panels chunk() has written to out already (bit p: panel p).
+    static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv,
+                       uint64_t done = 0) {
         const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
-        // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink], the
-        // sink's column dropped), in base 2 as the scores' exps are. A row that sees no key stays
-        // zeros.
-        if (s.sinks)
-            for (int64_t r = 0; r < M; ++r)
-                if (w.l[r] > 0.0f) w.l[r] += Rows::exp_against(s.sinks[it.g * G + r / rows_per_head], w.m[r]);
-        for (int64_t r = 0; r < M; ++r) {
-            const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-            float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
-            Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, dst);
+        const Panels split(M);
+        for (int64_t p = 0, r0 = 0, r1 = 0; p < split.count; ++p, r0 = r1) {
+            r1 = r0 + split.rows(p);
+            if (p < 64 && done >> p & 1) continue;
+            // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink],
+            // the sink's column dropped), in base 2 as the scores' exps are. A row that sees no key
+            // stays zeros.
+            for (int64_t r = r0; r < r1; ++r) {
+                if (s.sinks && w.l[r] > 0.0f) w.l[r] += Rows::exp_against(s.sinks[it.g * G + r / rows_per_head], w.m[r]);
+                const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
+                float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
+                Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, dst);
+            }
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }
@@ -704,16 +764,17 @@ struct FusedAttention {
             // merging an empty state changes nothing.
             const int64_t first = s.key_begin(it.b, it.i0, it.i1) / s.kv_chunk * s.kv_chunk;
             if (first >= end) start(M, s.value_dim, w.m, w.l, w.acc);  // no chunk: every row sees nothing
+            uint64_t done = 0;  // panels the only chunk wrote to out
             for (int64_t c0 = first; c0 < end; c0 += s.kv_chunk) {
                 const int64_t c1 = std::min(end, c0 + s.kv_chunk);
                 if (c0 == first) {
-                    chunk(s, k, v, it, c0, c1, w, kv, w.m, w.l, w.acc);
+                    done = chunk(s, k, v, it, c0, c1, w, kv, w.m, w.l, w.acc, c1 == end ? out : nullptr);
                     continue;
                 }
                 chunk(s, k, v, it, c0, c1, w, kv, w.cm, w.cl, w.cacc);
                 merge(M, s.value_dim, w.m, w.l, w.acc, w.cm, w.cl, w.cacc);
             }
-            finish(s, k, out, it, w, kv);
+            finish(s, k, out, it, w, kv, done);
         }
     }
 
