@@ -156,8 +156,8 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         int64_t span = 0;
         for (int64_t b = 0; b < s.batch; ++b)
             if (!is_direct(b))
-                for (int64_t i0 = 0; i0 < s.qlen(b); i0 += s.block_q)
-                    span = std::max(span, s.key_tiles(b, i0, std::min(s.qlen(b), i0 + s.block_q)));
+                for (int64_t t = 0; t < s.block_count(b); ++t)
+                    span = std::max(span, s.key_tiles(b, s.block_start(b, t), s.block_start(b, t + 1)));
         if (span < (s.kv_len + bk - 1) / bk) ring = std::max<int64_t>(span, 1);
     }
     const int64_t cache_bytes = (ring ? ring * bk : s.kv_len + bk) * (s.head_dim + s.value_dim + 2 * ak.nr) * 4;
@@ -165,7 +165,6 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // the tiles in cache.)
     s.cache_kv = !s.kv_cache && s.q_len > s.block_q && packed_strips >= 2 * T && cache_bytes <= (int64_t{8} << 20);
     s.kv_ring = s.cache_kv ? ring : 0;
-    const int64_t item_rows = s.cache_kv ? s.q_len : s.block_q;
     std::vector<Item> items;
     std::vector<int64_t> cost;
     auto add = [&](const Item &it) {
@@ -181,8 +180,14 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
             add(Item{b, 0, 0, n, s.kv_heads, true});
             continue;
         }
-        for (int64_t g = 0; g < s.kv_heads; ++g)
-            for (int64_t i0 = 0; i0 < n; i0 += item_rows) add(Item{b, g, i0, std::min(n, i0 + item_rows), 1, false});
+        for (int64_t g = 0; g < s.kv_heads; ++g) {
+            if (s.cache_kv) {  // the whole strip
+                add(Item{b, g, 0, n, 1, false});
+                continue;
+            }
+            for (int64_t t = 0; t < s.block_count(b); ++t)
+                add(Item{b, g, s.block_start(b, t), s.block_start(b, t + 1), 1, false});
+        }
     }
     if (items.empty()) return;
 

@@ -753,8 +753,11 @@ struct FusedAttention {
         ItemScratch w(s, MR, NR, scratch);
         KVTiles kv;
         kv.end = key_end(s, strip);
-        for (int64_t i0 = strip.i0; i0 < strip.i1; i0 += s.block_q) {
-            const Item it{strip.b, strip.g, i0, std::min(strip.i1, i0 + s.block_q), strip.kv_heads, strip.direct};
+        for (int64_t t = 0; t < s.block_count(strip.b); ++t) {
+            const int64_t i0 = std::max(strip.i0, s.block_start(strip.b, t));
+            const int64_t i1 = std::min(strip.i1, s.block_start(strip.b, t + 1));
+            if (i0 >= i1) continue;  // a block outside the item
+            const Item it{strip.b, strip.g, i0, i1, strip.kv_heads, strip.direct};
             const int64_t M = it.rows(s), end = key_end(s, it);
             pack_q(s, q, it, w);
             // The first chunk goes straight into the running state: merging a chunk into an empty

@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 
+#include "gemm/sgemm_kernels.hpp"
 #include "mha/isa.hpp"
 
 namespace mha::detail { struct RuntimeState; }
@@ -96,6 +97,12 @@ struct Shape {
     int64_t qlen(int64_t b) const { return q_off ? q_off[b + 1] - q_off[b] : q_len; }
     int64_t kvlen(int64_t b) const { return kv_off ? kv_off[b + 1] - kv_off[b] : kv_len; }
     int64_t q_row(int64_t b, int64_t i) const { return (q_off ? q_off[b] : b * q_len) + i; }
+    // Batch b's query blocks: block_count(b) of them, block t holding rows [block_start(b, t),
+    // block_start(b, t + 1)), block_q rows each, except that a last block under block_q / 2 rows
+    // shares the last two blocks' rows evenly (128 rows at BQ 112: 64 + 64, not 112 + 16), as the
+    // GEMM cuts its row strips. A row's bits never depend on its block.
+    int64_t block_count(int64_t b) const { return gemm::strip_count(qlen(b), block_q); }
+    int64_t block_start(int64_t b, int64_t t) const { return gemm::strip_start(qlen(b), block_q, t); }
     int64_t kv_row(int64_t b, int64_t j) const { return (kv_off ? kv_off[b] : b * kv_len) + j; }
     // Keys [0, limit) may be seen by query i of batch b (before the boolean mask).
     int64_t key_limit(int64_t b, int64_t i) const {
