@@ -641,8 +641,8 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks, alone and together, against d
 
 TEST_CASE("a panel's last P V written to the output already divided: the bits of the division after it") {
     // Without weights, a register panel's last P V of a query block whose keys are one chunk goes
-    // straight to the output divided by the rows' sums (FusedAttention::pv_to_out, when the panel
-    // lies in one head and Dv is whole NR-column panels); with weights it goes to the accumulator
+    // straight to the output divided by the rows' sums (FusedAttention::pv_to_out, head by head,
+    // when Dv is whole NR-column panels); with weights it goes to the accumulator
     // and finish() divides it. The outputs must agree bit for bit, sinks and rows that see no key
     // (zeros, even against an infinite value) included.
     const Case cases[] = {{"one key tile, MHA", 2, 40, 100, 4, 4, 32, 64},

@@ -582,9 +582,8 @@ struct FusedAttention {
     }
 
     // Whether rows [r0, r1) of a packed item see no key past key `end` (their last tile then ends
-    // there), and lie in one head, so their output rows are evenly spaced (ldo apart).
+    // there).
     static bool panel_ends(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1, int64_t end) {
-        if (r0 / rows_per_head != (r1 - 1) / rows_per_head) return false;
         for (int64_t r = r0; r < r1; ++r)
             if (s.key_limit(it.b, it.i0 + r % rows_per_head) > end) return false;
         return true;
@@ -631,7 +630,7 @@ struct FusedAttention {
     // keys over threads gives the same bits as one thread walking them.
     // out (not NULL: the chunk is the query block's only one, so its state is the block's): a
     // panel's last P V goes straight to its output rows, already divided (see pv_to_out), where
-    // the panel lies in one head and Dv is whole panels; returns those panels (bit p: panel p),
+    // Dv is whole panels; returns those panels (bit p: panel p),
     // which finish() then leaves alone. The first P V's beta = 0 (below) makes one key tile's
     // output P V / l without acc at all. Not with the weights (their rows are written from l
     // after finish), so those outputs are the unfused path's, bit for bit (test_attention).
@@ -680,14 +679,19 @@ struct FusedAttention {
                     scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
                 const float beta = !lazy || written & bit(p) ? 1.0f : 0.0f;
                 if (out && panel_ends(s, it, rows_per_head, r0, r1, j0 + n)) {
-                    const int64_t i = it.i0 + r0 % rows_per_head;
-                    float *o = out + s.q_row(it.b, i) * s.ldo + (it.g * s.group() + r0 / rows_per_head) * Dv;
                     alignas(64) float inv[MR];
                     panel_inverses(s, it, rows_per_head, r0, r1, m, l, inv);
-                    pv_to_out(r1 - r0, cols - first, sp, s.block_k, vp + first * NR, v_depth, Dv, beta, acc + r0 * Dv,
-                              inv, o, s.ldo);
-                    for (int64_t r = r0; r < r1; ++r)  // no visible key: zeros, whatever P V gave
-                        if (l[r] == 0.0f) std::fill(o + (r - r0) * s.ldo, o + (r - r0) * s.ldo + Dv, 0.0f);
+                    // Head by head (a GQA panel may hold the end of one head's rows and the start
+                    // of the next's), so each call's output rows lie ldo apart.
+                    for (int64_t a = r0, z; a < r1; a = z) {
+                        z = std::min(r1, (a / rows_per_head + 1) * rows_per_head);
+                        const int64_t i = it.i0 + a % rows_per_head;
+                        float *o = out + s.q_row(it.b, i) * s.ldo + (it.g * s.group() + a / rows_per_head) * Dv;
+                        pv_to_out(z - a, cols - first, sp + (a - r0) * s.block_k, s.block_k, vp + first * NR, v_depth, Dv,
+                                  beta, acc + a * Dv, inv + (a - r0), o, s.ldo);
+                        for (int64_t r = a; r < z; ++r)  // no visible key: zeros, whatever P V gave
+                            if (l[r] == 0.0f) std::fill(o + (r - a) * s.ldo, o + (r - a) * s.ldo + Dv, 0.0f);
+                    }
                     done |= bit(p);
                 } else {
                     gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR,
