@@ -604,12 +604,26 @@ struct FusedAttention {
         }
     }
 
+    // Row r of a packed item's output: query it.i0 + r % rows_per_head of head r / rows_per_head
+    // of the item's group.
+    static float *out_row(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r, float *out) {
+        const int64_t i = it.i0 + r % rows_per_head, h = it.g * s.group() + r / rows_per_head;
+        return out + s.q_row(it.b, i) * s.ldo + h * s.value_dim;
+    }
+
+    // Row r's final sum: a sink adds exp(sink - m) to the denominator (gpt-oss: softmax over
+    // [scores, sink], the sink's column dropped), in base 2 as the scores' exps are. A row that
+    // sees no key (l = 0) stays zeros.
+    static void add_sink(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r, const float *m, float *l) {
+        if (s.sinks && l[r] > 0.0f) l[r] += Rows::exp_against(s.sinks[it.g * s.group() + r / rows_per_head], m[r]);
+    }
+
     // The panel's rows done (after its last fold): each sum l gets the sink's term, and inv its
     // inverse, as finish() takes them.
     static void panel_inverses(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r0, int64_t r1,
                                const float *m, float *l, float *inv) {
         for (int64_t r = r0; r < r1; ++r) {
-            if (s.sinks && l[r] > 0.0f) l[r] += Rows::exp_against(s.sinks[it.g * s.group() + r / rows_per_head], m[r]);
+            add_sink(s, it, rows_per_head, r, m, l);
             inv[r - r0] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         }
     }
@@ -630,10 +644,10 @@ struct FusedAttention {
     // keys over threads gives the same bits as one thread walking them.
     // out (not NULL: the chunk is the query block's only one, so its state is the block's): a
     // panel's last P V goes straight to its output rows, already divided (see pv_to_out), where
-    // Dv is whole panels; returns those panels (bit p: panel p),
-    // which finish() then leaves alone. The first P V's beta = 0 (below) makes one key tile's
-    // output P V / l without acc at all. Not with the weights (their rows are written from l
-    // after finish), so those outputs are the unfused path's, bit for bit (test_attention).
+    // Dv is whole panels; returns those panels (bit p: panel p), which finish() then leaves alone.
+    // The first P V's beta = 0 (below) makes one key tile's output P V / l without acc at all.
+    // Not with the weights (their rows are written from l after finish), so those outputs are the
+    // unfused path's, bit for bit (test_attention).
     static uint64_t chunk(const Shape &s, const float *k, const float *v, const Item &it, int64_t c0, int64_t c1,
                           const ItemScratch &w, KVTiles &kv, float *m, float *l, float *acc, float *out = nullptr) {
         const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
@@ -685,8 +699,7 @@ struct FusedAttention {
                     // of the next's), so each call's output rows lie ldo apart.
                     for (int64_t a = r0, z; a < r1; a = z) {
                         z = std::min(r1, (a / rows_per_head + 1) * rows_per_head);
-                        const int64_t i = it.i0 + a % rows_per_head;
-                        float *o = out + s.q_row(it.b, i) * s.ldo + (it.g * s.group() + a / rows_per_head) * Dv;
+                        float *o = out_row(s, it, rows_per_head, a, out);
                         pv_to_out(z - a, cols - first, sp + (a - r0) * s.block_k, s.block_k, vp + first * NR, v_depth, Dv,
                                   beta, acc + a * Dv, inv + (a - r0), o, s.ldo);
                         for (int64_t r = a; r < z; ++r)  // no visible key: zeros, whatever P V gave
@@ -730,25 +743,18 @@ struct FusedAttention {
     // done: the register panels chunk() has written to out already (bit p: panel p).
     static void finish(const Shape &s, const float *k, float *out, const Item &it, const ItemScratch &w, KVTiles &kv,
                        uint64_t done = 0) {
-        const int64_t G = s.group(), Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
+        const int64_t Dv = s.value_dim, rows_per_head = it.i1 - it.i0, M = it.rows(s);
         const Panels split(M);
         for (int64_t p = 0, r0 = 0, r1 = 0; p < split.count; ++p, r0 = r1) {
             r1 = r0 + split.rows(p);
             if (p < 64 && done >> p & 1) continue;
-            // A sink adds exp(sink - m) to the denominator (gpt-oss: softmax over [scores, sink],
-            // the sink's column dropped), in base 2 as the scores' exps are. A row that sees no key
-            // stays zeros.
             for (int64_t r = r0; r < r1; ++r) {
-                if (s.sinks && w.l[r] > 0.0f) w.l[r] += Rows::exp_against(s.sinks[it.g * G + r / rows_per_head], w.m[r]);
-                const int64_t hh = r / rows_per_head, i = it.i0 + r % rows_per_head;
-                float *dst = out + s.q_row(it.b, i) * s.ldo + (it.g * G + hh) * Dv;
-                Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, dst);
+                add_sink(s, it, rows_per_head, r, w.m, w.l);
+                Rows::online_finish_row(w.l[r], w.acc + r * Dv, Dv, out_row(s, it, rows_per_head, r, out));
             }
         }
         if (s.weights) write_weights(s, k, it, M, rows_per_head, key_end(s, it), w, kv);
     }
-
-
 
     // The whole item on one thread, query block by query block: the key chunks in order, each
     // merged as it completes.
