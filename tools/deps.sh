@@ -37,17 +37,18 @@ meson_build() {
     meson compile -C "$dir" >&2
 }
 
-# clang_sanitize_build DIR: the sanitizer build of tools/test and tools/fuzz: clang-16, ASan+UBSan,
-# the libFuzzer targets of fuzz/ (and -fsanitize=fuzzer-no-link on everything). A DIR configured with
-# another compiler (an older gcc build-sanitize) is set up afresh.
+# clang_sanitize_build DIR [meson options...]: the sanitizer build of tools/test and tools/fuzz:
+# clang-16, ASan+UBSan, the libFuzzer targets of fuzz/ (and -fsanitize=fuzzer-no-link on
+# everything). A DIR configured with another compiler (an older gcc build-sanitize) is set up afresh.
 clang_sanitize_build() {
     local dir=$1
+    shift
     if [ -f "$dir/build.ninja" ] && ! grep -q 'clang++' "$dir/build.ninja"; then
         echo "$dir was configured with another compiler; setting it up again with clang-16" >&2
         rm -rf "$dir"
     fi
     CC=clang-16 CXX=clang++-16 meson_build "$dir" -Db_sanitize=address,undefined -Db_lundef=false -Dfuzzers=enabled \
-        -Dbenchmarks=false -Dbuildtype=debugoptimized
+        -Dbenchmarks=false -Dbuildtype=debugoptimized "$@"
 }
 
 # tools/tsan (tools/test --tsan): downloads Debian's oneTBB source and builds it with
