@@ -134,15 +134,23 @@ struct RowKernels {
             s[2] += e2;
             s[3] += e3;
         }
-        for (int a = 0; i < n; i += W, ++a) {
+        // The last n mod 4W into s[0], s[1], ... in turn, each named by a constant: an index that
+        // varies at run time would keep all four sums on the stack, the loop above included.
+        auto tail = [&](V &sum) {
+            if (i >= n) return;
             const int64_t left = n - i;
             const V e = exp(left >= W ? V::load_unaligned(x + i) : P::load(x + i, left, kNegInf));  // padding: exp(-inf) = 0
             if (left >= W)
                 e.store_unaligned(y + i);
             else
                 P::store(y + i, left, e);
-            s[a] += e;
-        }
+            sum += e;
+            i += W;
+        };
+        tail(s[0]);
+        tail(s[1]);
+        tail(s[2]);
+        tail(s[3]);
         return (s[0] + s[1]) + (s[2] + s[3]);
     }
 
