@@ -705,4 +705,22 @@ double time_median(const std::function<void()> &fn, double budget_s, int min_rep
     return time_interleaved({fn}, budget_s, min_reps)[0];
 }
 
+double time_median_after(const std::function<void()> &before, const std::function<void()> &fn, double budget_s,
+                         int min_reps) {
+    using clock = std::chrono::steady_clock;
+    before();
+    fn();  // warm-up
+    std::vector<double> t;
+    const auto start = clock::now();
+    while (static_cast<int>(t.size()) < min_reps ||
+           (std::chrono::duration<double>(clock::now() - start).count() < budget_s && t.size() < 1000)) {
+        before();
+        const auto t0 = clock::now();
+        fn();
+        t.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
 } // namespace mha::bench

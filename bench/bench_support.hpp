@@ -245,4 +245,10 @@ std::vector<double> time_interleaved(const std::vector<std::function<void()>> &f
 // Median seconds of `fn` over repetitions after a warm-up, running for about `budget_s` seconds.
 double time_median(const std::function<void()> &fn, double budget_s, int min_reps = 3);
 
+// The same, with `before` run (untimed) ahead of every timed run of `fn`: a step timed in the
+// state the step before it leaves the caches in (the layer's attention right after the QKV
+// projection wrote its input).
+double time_median_after(const std::function<void()> &before, const std::function<void()> &fn, double budget_s,
+                         int min_reps = 3);
+
 } // namespace mha::bench

@@ -7,16 +7,18 @@
 
 #include "bench/bench_support.hpp"
 #include "mha/attention.hpp"
+#include "mha/gemm.hpp"
 #include "mha/layer.hpp"
 
 namespace mha::bench {
 
 struct LayerFixture {
     LayerShape shape;
-    std::vector<float> w_in, b_in, w_out, b_out, x, out, q, k, v, o, scratch, scores;
+    std::vector<float> w_in, b_in, w_out, b_out, x, out, q, k, v, o, qkv, scratch, scores;
     std::unique_ptr<Layer> layer;
     LayerForward forward_params;
     AttentionParams attention_params;
+    AttentionParams layer_attention_params;  // on qkv as the layer lays it out: [T, q | k | v], rows 3E apart
 
     LayerFixture(Runtime &rt, const LayerShape &s) : shape(s) {
         const int64_t E = s.embed, T = s.batch * s.len;
@@ -34,6 +36,7 @@ struct LayerFixture {
         k.assign(x.size(), 0.02f);
         v.assign(x.size(), 0.5f);
         o.resize(x.size());
+        qkv.resize(x.size() * 3);
         LayerConfig c;
         c.embed_dim = E;
         c.num_heads = s.heads;
@@ -45,10 +48,24 @@ struct LayerFixture {
         attention_params.q_len = attention_params.kv_len = s.len;
         attention_params.num_heads = attention_params.num_kv_heads = s.heads;
         attention_params.head_dim = attention_params.value_dim = E / s.heads;
+        layer_attention_params = attention_params;
+        layer_attention_params.q_stride = layer_attention_params.k_stride = layer_attention_params.v_stride = 3 * E;
+        layer_attention_params.out_stride = E;
     }
     void forward(Runtime &rt) { layer->forward(rt, forward_params, x.data(), nullptr, nullptr, out.data()); }
     // The attention step of the same forward pass alone (its share of the time).
     void attention_only(Runtime &rt) { attention(rt, attention_params, q.data(), k.data(), v.data(), o.data()); }
+    // The attention step as the layer runs it: project_qkv() writes its input [T, q | k | v] as the
+    // layer's QKV projection does (one GEMM against in_proj_weight^T, untimed by the caller), then
+    // attention_in_layer() reads it from wherever that GEMM left it in the caches.
+    void project_qkv(Runtime &rt) {
+        const int64_t E = shape.embed, T = shape.batch * shape.len;
+        sgemm(rt, Trans::N, Trans::T, T, 3 * E, E, 1.0f, x.data(), E, w_in.data(), E, 0.0f, qkv.data(), 3 * E);
+    }
+    void attention_in_layer(Runtime &rt) {
+        const int64_t E = shape.embed;
+        attention(rt, layer_attention_params, qkv.data(), qkv.data() + E, qkv.data() + 2 * E, o.data());
+    }
     void onednn(int threads) {
         dnnl_layer(threads, shape, x.data(), w_in.data(), b_in.data(), w_out.data(), b_out.data(), out.data(), scratch,
                    scores);

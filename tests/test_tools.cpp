@@ -109,6 +109,17 @@ TEST_CASE("mha-bench --quick --json prints one object with every suite") {
         const bool causal = row["shape"].get<std::string>().find("causal") != std::string::npos;
         if (row["suite"] == "attention") CHECK(row["vs"].contains("non-causal") == causal);
         if (row.contains("vs")) CHECK(!row["vs"].contains("1 thread"));
+        // Layer rows split their time: the attention step as the layer runs it (right after a QKV
+        // projection wrote its input), the projections as the rest, and the attention alone.
+        if (row["suite"] == "layer") {
+            REQUIRE(row.contains("attention_ms"));
+            REQUIRE(row.contains("attention_alone_ms"));
+            REQUIRE(row.contains("projection_ms"));
+            CHECK(row["attention_ms"].get<double>() > 0);
+            CHECK(row["attention_alone_ms"].get<double>() > 0);
+            CHECK(row["projection_ms"].get<double>() ==
+                  doctest::Approx(row["ms"].get<double>() - row["attention_ms"].get<double>()));
+        }
     }
     CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer", "serving", "encoder"});
 }
