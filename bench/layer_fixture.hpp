@@ -53,11 +53,12 @@ struct LayerFixture {
         layer_attention_params.out_stride = E;
     }
     void forward(Runtime &rt) { layer->forward(rt, forward_params, x.data(), nullptr, nullptr, out.data()); }
-    // The attention step of the same forward pass alone (its share of the time).
+    // The attention step alone, on buffers of its own: repeated, it runs on what its previous call
+    // left in the caches (mha-bench's attention_alone_ms).
     void attention_only(Runtime &rt) { attention(rt, attention_params, q.data(), k.data(), v.data(), o.data()); }
     // The attention step as the layer runs it: project_qkv() writes its input [T, q | k | v] as the
-    // layer's QKV projection does (one GEMM against in_proj_weight^T, untimed by the caller), then
-    // attention_in_layer() reads it from wherever that GEMM left it in the caches.
+    // layer's QKV projection does (one GEMM against in_proj_weight^T, without the bias; untimed by
+    // the caller), then attention_in_layer() reads it from wherever that GEMM left it in the caches.
     void project_qkv(Runtime &rt) {
         const int64_t E = shape.embed, T = shape.batch * shape.len;
         sgemm(rt, Trans::N, Trans::T, T, 3 * E, E, 1.0f, x.data(), E, w_in.data(), E, 0.0f, qkv.data(), 3 * E);
