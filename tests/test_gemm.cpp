@@ -296,6 +296,46 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
+TEST_CASE("A stored as is or transposed gives the same bits: strips packed as they run or the block packed first") {
+    // The packed path packs a row-major A strip by strip inside the macro loop and a transposed A
+    // (column-major storage) as a whole block first; the packing moves floats and must not change
+    // one sum. Products large enough for the packed path at the default tiles, and every block
+    // edge at small tiles, on 1 and 2 threads.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false})
+            for (int threads : {1, 2}) {
+                Runtime rt(small ? small_tiles(*uk, threads) : default_tiles(*uk, threads));
+                const int64_t kc = rt.tiles().kc;
+                for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{4 * uk->mr + 3, 3 * uk->nr + 5, 2 * kc + 7},
+                                       {2 * uk->mr - 1, 5 * uk->nr, kc + 1}, {1, 2 * uk->nr + 1, 3 * kc}}) {
+                    CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(threads); CAPTURE(small);
+                    const int64_t lda = k + 3, ldat = m + 5, ldb = n + 1, ldc = n + 2;
+                    const auto a = test::random_floats(static_cast<size_t>(m * lda), 21);
+                    std::vector<float> at(static_cast<size_t>(k * ldat), kSentinel);
+                    for (int64_t i = 0; i < m; ++i)
+                        for (int64_t p = 0; p < k; ++p) at[static_cast<size_t>(p * ldat + i)] = a[static_cast<size_t>(i * lda + p)];
+                    const auto b = test::random_floats(static_cast<size_t>(k * ldb), 22);
+                    std::vector<float> c(static_cast<size_t>(m * ldc), 0.0f), ct(c.size(), 0.0f);
+                    sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+                    sgemm(rt, Trans::T, Trans::N, m, n, k, 1.0f, at.data(), ldat, b.data(), ldb, 0.0f, ct.data(), ldc);
+                    CHECK(test::same_bits(c, ct));
+                    std::vector<double> want, mag;
+                    ref::sgemm('N', 'N', m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, want, mag);
+                    int64_t bad = 0;
+                    for (int64_t i = 0; i < m; ++i)
+                        for (int64_t j = 0; j < n; ++j) {
+                            const size_t r = static_cast<size_t>(i * n + j);
+                            const double tol = 2.0 * std::numeric_limits<float>::epsilon() * static_cast<double>(k + 2) * mag[r];
+                            bad += !(std::fabs(c[static_cast<size_t>(i * ldc + j)] - want[r]) <= tol);
+                        }
+                    CHECK(bad == 0);
+                }
+            }
+    }
+}
+
 TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes, beta 0 and 1, edges, depth blocks") {
     // Up to 16 rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to 9 rows on
     // AVX-512 (all 8 on AVX2), macro_bt from 10; alpha 2 and beta 0.5 keep to the other paths.

@@ -75,8 +75,9 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
 
 // The packed path: Goto's five loops around the microkernel. A row-major C = A B is, to BLIS's
 // column-major loops, C^T = B^T A^T, so the loops below carry BLIS's names for that product: our A
-// is BLIS's B (broadcast by the microkernel; one block shared by all threads, its micro-panel in
-// L1) and our B is BLIS's A (vector loads; each thread packs its own block into its L2).
+// is BLIS's B (broadcast by the microkernel, its micro-panel in L1: packed a strip at a time by
+// the work item that runs it, or, transposed, a block shared by all threads) and our B is BLIS's
+// A (vector loads; each thread packs its own block into its L2).
 // Threads split the JC/IC work, never PC, so every element of C sums its products in the same
 // order for any thread count.
 void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
@@ -97,18 +98,31 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     // With fewer B blocks than threads (a narrow C), also split the rows of the A block.
     const int64_t row_split = n_blocks >= T ? 1 : std::min(ceil_div(mc_max, MR), ceil_div(T, n_blocks));
 
-    const int64_t b_size = pre.b ? 0 : kc_max * nc;
-    auto scratch = s.pool.borrow(static_cast<size_t>(mc_max * kc_max + s.slots * b_size));
-    float *ap = scratch.data(), *b_packs = ap + mc_max * kc_max;
+    // A's rows contiguous (A not transposed): each work item packs its strips of A itself, one at a
+    // time right before the strip's tiles run (macro_packing), into a panel of its own that stays
+    // in L1, while the next strip's rows are fetched into L2 as the tiles run. Packing the whole A
+    // block first (MB past L2 on large products) left the FMA units idle while A came from memory,
+    // and wrote the block out only to read it back once per B block. Xeon (AMX), 1 thread, each
+    // call after oneDNN's (so its operands come from memory, as in mha-bench), against
+    // dnnl_sgemm, block -> strips: 1024^3 0.945x -> 0.985x, 2048^3 0.959x -> 0.986x, 1024^3 NT
+    // 0.934x -> 0.987x, 600x700x1500 0.987x -> 1.020x; 2 threads 1024^3 0.941x -> 0.980x, 2048^3
+    // 0.922x -> 0.940x; the layer (prepacked weights) at B4 L512 2.7% faster, B8 L128 0.5%.
+    // A transposed keeps the block: a strip of it is kc runs of MR floats, each run a page apart,
+    // and packing it strip by strip lost (1024^3 TN 1.031x -> 0.961x).
+    const bool strip_packing = a.cs == 1;
+    const int64_t b_size = pre.b ? 0 : kc_max * nc, a_size = strip_packing ? s.slots * MR * kc_max : mc_max * kc_max;
+    auto scratch = s.pool.borrow(static_cast<size_t>(a_size + s.slots * b_size));
+    float *ap = scratch.data(), *b_packs = ap + a_size;
     for (int64_t ic = 0; ic < m; ic += mc_blk) {                 // JC: MC rows of A
         const int64_t mc = std::min(mc_blk, m - ic), n_ir = ceil_div(mc, MR);
         const int64_t ir_per = ceil_div(n_ir, row_split);
-        for (int64_t pc = 0; pc < k; pc += kc_blk) {             // PC: KC deep; pack the A block
+        for (int64_t pc = 0; pc < k; pc += kc_blk) {             // PC: KC deep; pack A (a block, or strips below)
             const int64_t kc = std::min(kc_blk, k - pc);
-            parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {  // whole strips, so each is cut as in the block
-                const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
-                uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc);
-            });
+            if (!strip_packing)
+                parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {  // whole strips, so each is cut as in the block
+                    const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
+                    uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc);
+                });
             const float beta = pc == 0 ? c.beta : 1.0f;
             const float *bias = pc == 0 ? c.bias : nullptr;
             parallel_items(n_blocks * row_split, T, [&](int64_t item) { // IC: NC columns of B; pack B
@@ -116,16 +130,22 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 const int64_t ir0 = item % row_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
                 if (ir0 >= ir1) return;
                 const float *bp = pre.b ? pre.b->block(pc, pre.j0 + jc) : nullptr;
+                // On one thread the call may run outside the arena (see in_arena): slot 0.
+                const int64_t slot = T == 1 ? 0 : RuntimeState::this_thread_slot();
                 if (!bp) {
-                    // On one thread the call may run outside the arena (see in_arena): slot 0.
-                    float *own = b_packs + (T == 1 ? 0 : RuntimeState::this_thread_slot()) * b_size;
+                    float *own = b_packs + slot * b_size;
                     uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own);
                     bp = own;
                 }
                 // JR and IR run inside the ISA's translation unit, on whole strips of the block.
                 const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
                 float *cb = c.p + (ic + i0) * c.ld + jc;
-                uk.macro_packed(rows, ncur, kc, ap + ir0 * MR * kc, bp, cb, c.ld, c.alpha, beta, bias ? bias + jc : nullptr);
+                if (strip_packing)
+                    uk.macro_packing(rows, ncur, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + slot * MR * kc_max, bp, cb, c.ld,
+                                     c.alpha, beta, bias ? bias + jc : nullptr);
+                else
+                    uk.macro_packed(rows, ncur, kc, ap + ir0 * MR * kc, bp, cb, c.ld, c.alpha, beta,
+                                    bias ? bias + jc : nullptr);
                 if (c.act != Epilogue::none && pc + kc == k) uk.activate(c.act, rows, ncur, cb, c.ld);
             });
         }
