@@ -98,19 +98,18 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     // With fewer B blocks than threads (a narrow C), also split the rows of the A block.
     const int64_t row_split = n_blocks >= T ? 1 : std::min(ceil_div(mc_max, MR), ceil_div(T, n_blocks));
 
-    // A's rows contiguous (A not transposed): each work item packs its strips of A itself, one at a
-    // time right before the strip's tiles run (macro_packing), into a panel of its own that stays
-    // in L1. Packing the whole A block first (MBs past L2 on large products) left the FMA units
-    // idle while A came from memory, and wrote the block out only to read it back once per B
-    // block. Xeon (AMX), 1 thread, each call right after oneDNN's (as in mha-bench), against
-    // dnnl_sgemm, block -> strips, one interleaved run: 1024^3 0.968x -> 1.000x, 2048^3 0.948x -> 0.958x, 1024^3 NT 0.968x ->
-    // 0.981x, 2048x1536x1024 NT 0.940x -> 0.983x (another run: 600x700x1500 0.987x -> 1.020x);
-    // 2 threads 1024^3 0.941x -> 0.980x, 2048^3 0.922x -> 0.940x; the layer (prepacked weights)
-    // B8 L128 1-1.3% faster, B4 L512 1-2.7% (level with its caches evicted first).
-    // The AVX2 kernel (6x16) on the same Xeon, block -> strips: 1024^3 +1.6%, 2048^3 -2%,
-    // 1024x1536x1024 NT level; Zen 3 unmeasured.
-    // A transposed keeps the block: a strip of it is kc runs of MR floats, each run a page apart,
-    // and packing it strip by strip lost (1024^3 TN 1.031x -> 0.961x).
+    // A's rows contiguous (A not transposed): each work item packs its strips of A itself, one at a time right
+    // before the strip's tiles run (macro_packing), into a panel of its own that stays in L1. Packing the whole
+    // A block first (MBs past L2 on large products) left the FMA units idle while A came from memory, and wrote
+    // the block out only to read it back once per B block. Xeon (AMX), 1 thread, each call right after oneDNN's
+    // (as in mha-bench), against dnnl_sgemm, block -> strips, one interleaved run: 1024^3 0.968x -> 1.000x,
+    // 2048^3 0.948x -> 0.958x, 1024^3 NT 0.968x -> 0.981x, 2048x1536x1024 NT 0.940x -> 0.983x (another run:
+    // 600x700x1500 0.987x -> 1.020x); 2 threads 1024^3 0.941x -> 0.980x, 2048^3 0.922x -> 0.940x; the layer
+    // (prepacked weights) B8 L128 1-1.3% faster, B4 L512 1-2.7% (level with its caches evicted first).
+    // The AVX2 kernel (6x16) on the same Xeon, block -> strips: 1024^3 +1.6%, 2048^3 -2%, 1024x1536x1024 NT
+    // level; Zen 3 unmeasured.
+    // A transposed keeps the block: a strip of it is kc runs of MR floats, each run a page apart, and packing it
+    // strip by strip lost (1024^3 TN 1.031x -> 0.961x).
     const bool strip_packing = a.cs == 1;
     const int64_t b_size = pre.b ? 0 : kc_max * nc, a_size = strip_packing ? s.slots * MR * kc_max : mc_max * kc_max;
     auto scratch = s.pool.borrow(static_cast<size_t>(a_size + s.slots * b_size));
