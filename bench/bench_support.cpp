@@ -59,6 +59,10 @@ const std::vector<GemmShape> &gemm_shapes() {
         {"few rows", 'N', 'N', 4, 1536, 512, false},
         {"few rows", 'N', 'T', 16, 1536, 512, false},
         {"few rows", 'N', 'N', 16, 1536, 512, false},
+        // A few strips against a large B stored K x N: read in place, once from memory (see
+        // gemm::in_place_rows).
+        {"few rows", 'N', 'N', 32, 2000, 1000, false},
+        {"few rows", 'N', 'N', 64, 1536, 512, false},
         // One token against a 4096 -> 1024 weight stored K x N: B's rows 4 KiB apart, which the
         // strip reads in chunks of depth (see sgemm_sup).
         {"few rows", 'N', 'N', 1, 1024, 4096, false},

@@ -402,6 +402,41 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
     }
 }
 
+TEST_CASE("a few strips against B not transposed: B read in place on one thread, with the packed path's bits") {
+    // From one strip up to 8 MR rows (B's rows not 4 KiB apart) or 32 rows (4 KiB apart) a
+    // one-thread product reads B where it lies (gemm::in_place_rows), past the small-problem
+    // sizes; the packed path (here through prepacked weights) must give every element the same
+    // bits, and both stay within the reference's bound. k crosses a KC block.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const RuntimeOptions o = default_tiles(*uk, 1);
+        Runtime rt(o);
+        const int64_t MR = uk->mr, NR = uk->nr, n = o.tiles->sup_max_n + NR + 5, k = o.tiles->sup_max_k + 37;
+        for (int64_t ldb : {n + 3, int64_t{1024}}) {
+            for (int64_t m : {MR + 1, int64_t{16}, int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, 2 * MR + 3, 8 * MR - 1,
+                              8 * MR}) {
+                GemmCase g;
+                g.m = m; g.n = n; g.k = k; g.pad_a = 1; g.pad_b = ldb - n; g.pad_c = 2; g.seed = static_cast<uint32_t>(m);
+                const auto c = check_gemm(rt, g);
+                const int64_t lda = k + 1, ldc = n + 2;
+                const auto a = test::random_floats(static_cast<size_t>(m * lda + 1), g.seed);
+                const auto b = test::random_floats(static_cast<size_t>(k * ldb + 1), g.seed + 7);
+                const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), ldb, 1);
+                std::vector<float> c_pre(static_cast<size_t>(m * ldc));
+                gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
+                int64_t differ = 0;
+                for (int64_t i = 0; i < m; ++i)
+                    for (int64_t j = 0; j < n; ++j) {
+                        const size_t at = static_cast<size_t>(i * ldc + j);
+                        differ += std::memcmp(&c[at], &c_pre[at], sizeof(float)) != 0;
+                    }
+                CHECK_MESSAGE(differ == 0, "m=", m, " n=", n, " k=", k, " ldb=", ldb);
+            }
+        }
+    }
+}
+
 TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chunks of depth, with the other paths' bits") {
     // Such a stride sends a strip of at most chain_rows rows through sgemm_sup_chained (its depth a
     // few rows at a time across all its tiles, the sums kept in between); any other stride takes

@@ -273,6 +273,29 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
     }
 }
 
+// Up to how many rows of A a product reads B (not transposed, ldb floats a row) in place on the
+// small-problem path rather than packing it first: one strip always (see sgemm). A few strips more
+// read a large B once from memory and then from L2, where the packed path's pass over B (a
+// memory stream with no arithmetic beside it) costs as much as the product at these heights.
+// Intel Xeon (AMX), 1 thread, GFLOP/s packed -> in place (dnnl_sgemm), NN: 16x2000x1000 69 ->
+// 100 (108), 32x2000x1000 99 -> 131 (131), 64x2000x1000 122 -> 140 (140), 96x2000x1000 136 ->
+// 153 (144), 32x1536x512 103 -> 134 (130), 96x1536x512 150 -> 160 (147), 16x1024x1024 68 -> 83
+// (101), 32x1024x1024 98 -> 105 (112). Rows a multiple of 4 KiB apart map a panel's lines onto
+// few sets of L1 and L2, so read many times in place they lose from about 40 rows: 48x1024x1024
+// 116 -> 113, 64x4096x1024 119 -> 95, 64x2048x2048 122 -> 103. On 2 threads the strips split
+// unevenly (3 strips at 32 rows): in place still wins at 16 rows (x2000x1000 142 -> 173,
+// x1536x512 141 -> 189, x1024x1024 131 -> 149) but not at 32 (x2000x1000 205 -> 194, x1024x1024
+// 190 -> 159). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74, 32x2000x1000
+// 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses from 8 rows
+// (16x1024x1024 59 -> 45), so there it keeps one strip. Both paths give the same bits.
+int64_t in_place_rows(const RuntimeState &s, double flops, int64_t ldb) {
+    const SgemmKernel &uk = *s.sgemm;
+    const bool aliased = ldb % 1024 == 0;  // rows a multiple of 4 KiB apart
+    const bool one_thread = s.threads_for(flops, s.tiles.parallel_min_flops) == 1;
+    if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? (aliased ? 32 : 8 * uk.mr - 1) : 16);
+    return one_thread && !aliased ? std::max<int64_t>(uk.mr, 32) : uk.mr;
+}
+
 } // namespace
 
 PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs) {
@@ -366,8 +389,8 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // dnnl_sgemm on AVX2: 2x1000x1000 0.53x -> 0.98x, 6x1000x1000 0.62x -> 0.98x, 4x3000x1000
     // 0.56x -> 0.99x, 3x2000x2000 0.46x -> 0.73x, 2x2048x2048 1.45x -> 3.6x, 6x2048x2048 1.10x ->
     // 1.56x, level at 2-6x1536x512 (before the chunks, 3 and 6 rows at an 8 KiB stride lost).
-    const int64_t in_place_rows = s.sgemm->mr;
-    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k || (transb == Trans::N && m <= in_place_rows);
+    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k ||
+                     (transb == Trans::N && m <= in_place_rows(s, 2.0 * m * n * k, ldb));
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
         sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);
