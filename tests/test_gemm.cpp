@@ -402,23 +402,28 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
     }
 }
 
-TEST_CASE("a few strips against B not transposed: B read in place on one thread, with the packed path's bits") {
+TEST_CASE("a few strips against B not transposed: B read in place, with the packed path's bits on 1 and 2 threads") {
     // From one strip up to 8 MR rows (B's rows not 4 KiB apart) or 32 rows (4 KiB apart) a
     // one-thread product reads B where it lies (gemm::in_place_rows), past the small-problem
-    // sizes; the packed path (here through prepacked weights) must give every element the same
-    // bits, and both stay within the reference's bound. k crosses a KC block.
+    // sizes, and on two threads up to 16 or 32 rows, its strips cut across their columns when
+    // they do not divide among the threads; the packed path (on two threads from 17 or 33 rows,
+    // and through prepacked weights) must give every element the same bits, and all stay within
+    // the reference's bound. k crosses a KC block.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         const RuntimeOptions o = default_tiles(*uk, 1);
-        Runtime rt(o);
+        RuntimeOptions o2 = default_tiles(*uk, 2);
+        o2.tiles->parallel_min_flops = 0;  // two threads at any size: in place up to 16 or 32 rows, cut evenly
+        Runtime rt(o), rt2(o2);
         const int64_t MR = uk->mr, NR = uk->nr, n = o.tiles->sup_max_n + NR + 5, k = o.tiles->sup_max_k + 37;
         for (int64_t ldb : {n + 3, int64_t{1024}}) {
             for (int64_t m : {MR + 1, int64_t{16}, int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, 2 * MR + 3, 8 * MR - 1,
                               8 * MR}) {
                 GemmCase g;
                 g.m = m; g.n = n; g.k = k; g.pad_a = 1; g.pad_b = ldb - n; g.pad_c = 2; g.seed = static_cast<uint32_t>(m);
-                const auto c = check_gemm(rt, g);
+                const auto c = check_gemm(rt, g), c2 = check_gemm(rt2, g);
+                CHECK(test::same_bits(c, c2));
                 const int64_t lda = k + 1, ldc = n + 2;
                 const auto a = test::random_floats(static_cast<size_t>(m * lda + 1), g.seed);
                 const auto b = test::random_floats(static_cast<size_t>(k * ldb + 1), g.seed + 7);

@@ -206,7 +206,12 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 
             const float beta = pc == 0 ? c.beta : 1.0f;
             const int64_t ir_split = std::min(n_ir, 4 * T);
-            const int64_t jr_split = n_ir >= T ? 1 : std::min(n_jr, ceil_div(T, n_ir));
+            // Strips that do not divide among the threads are cut across their columns too (3
+            // strips on 2 threads as 6 halves, not 2 + 1). Xeon, 2 threads, B in place: 32x2000x1000
+            // 188 -> 215 GFLOP/s, 32x1024x1024 165 -> 187, 64x2000x1000 225 -> 241.
+            const int64_t jr_split = n_ir < T                     ? std::min(n_jr, ceil_div(T, n_ir))
+                                     : n_ir < 4 * T && n_ir % T != 0 ? std::min(n_jr, T)
+                                                                     : 1;
             const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
             parallel_items(ir_split * jr_split, T, [&](int64_t item) {
                 const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
@@ -283,16 +288,18 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // (101), 32x1024x1024 98 -> 105 (112). Rows a multiple of 4 KiB apart map a panel's lines onto
 // few sets of L1 and L2, so read many times in place they lose from about 40 rows: 48x1024x1024
 // 116 -> 113, 64x4096x1024 119 -> 95, 64x2048x2048 122 -> 103. On 2 threads the strips split
-// unevenly (3 strips at 32 rows): in place still wins at 16 rows (x2000x1000 142 -> 173,
-// x1536x512 141 -> 189, x1024x1024 131 -> 149) but not at 32 (x2000x1000 205 -> 194, x1024x1024
-// 190 -> 159). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74, 32x2000x1000
-// 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses from 8 rows
-// (16x1024x1024 59 -> 45), so there it keeps one strip. Both paths give the same bits.
+// unevenly unless cut across their columns as well (sgemm_sup): in place wins at 16 rows
+// (x2000x1000 142 -> 173, x1536x512 141 -> 189, x1024x1024 131 -> 149) and, with the cut, at 32
+// rows whose B rows are not 4 KiB apart (x2000x1000 198 -> 215, dnnl_sgemm 220), not at 32 rows
+// 4 KiB apart (x1024x1024 197 -> 187). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59
+// -> 74, 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses
+// from 8 rows (16x1024x1024 59 -> 45), so there it keeps one strip. Both paths give the same bits.
 int64_t in_place_rows(const RuntimeState &s, double flops, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
     const bool aliased = ldb % 1024 == 0;  // rows a multiple of 4 KiB apart
     const bool one_thread = s.threads_for(flops, s.tiles.parallel_min_flops) == 1;
-    if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? (aliased ? 32 : 8 * uk.mr - 1) : 16);
+    if (uk.lanes == 16)
+        return std::max<int64_t>(uk.mr, one_thread ? (aliased ? 32 : 8 * uk.mr - 1) : (aliased ? 16 : 32));
     return one_thread && !aliased ? std::max<int64_t>(uk.mr, 32) : uk.mr;
 }
 
