@@ -74,6 +74,17 @@ std::vector<float> check_gemm(Runtime &rt, const GemmCase &g) {
     return c;
 }
 
+// How many elements of the m x n window (leading dimension ld) differ in their bits.
+int64_t differing(const std::vector<float> &x, const std::vector<float> &y, int64_t m, int64_t n, int64_t ld) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            const size_t at = static_cast<size_t>(i * ld + j);
+            count += std::memcmp(&x[at], &y[at], sizeof(float)) != 0;
+        }
+    return count;
+}
+
 // Every microkernel this CPU can run, with its ISA.
 std::vector<const gemm::SgemmKernel *> host_kernels() {
     std::vector<const gemm::SgemmKernel *> v;
@@ -388,13 +399,7 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
                     sgemm(rt, Trans::N, static_cast<Trans>(tb), m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
                           ldc);
                     gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
-                    int64_t differ = 0;
-                    for (int64_t i = 0; i < m; ++i)
-                        for (int64_t j = 0; j < n; ++j) {
-                            const size_t at = static_cast<size_t>(i * ldc + j);
-                            differ += std::memcmp(&c[at], &all[at], sizeof(float)) != 0;
-                            differ += std::memcmp(&c_pre[at], &all_pre[at], sizeof(float)) != 0;
-                        }
+                    const int64_t differ = differing(c, all, m, n, ldc) + differing(c_pre, all_pre, m, n, ldc);
                     CHECK_MESSAGE(differ == 0, "tb=", tb, " n=", n, " k=", k, " m=", m, " small tiles=", small);
                 }
             }
@@ -430,13 +435,7 @@ TEST_CASE("a few strips against B not transposed: B read in place, with the pack
                 const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), ldb, 1);
                 std::vector<float> c_pre(static_cast<size_t>(m * ldc));
                 gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
-                int64_t differ = 0;
-                for (int64_t i = 0; i < m; ++i)
-                    for (int64_t j = 0; j < n; ++j) {
-                        const size_t at = static_cast<size_t>(i * ldc + j);
-                        differ += std::memcmp(&c[at], &c_pre[at], sizeof(float)) != 0;
-                    }
-                CHECK_MESSAGE(differ == 0, "m=", m, " n=", n, " k=", k, " ldb=", ldb);
+                CHECK_MESSAGE(differing(c, c_pre, m, n, ldc) == 0, "m=", m, " n=", n, " k=", k, " ldb=", ldb);
             }
         }
     }
