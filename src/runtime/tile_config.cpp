@@ -60,6 +60,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // KC 384 NC 672 (0.95-0.99x). (An older, slower Xeon, 2026-11-22, had put KC 256 ahead of
     // 320-432, before the microkernel asked for B ahead.) So every AVX-512 core with 48 KiB of L1d
     // or more takes KC 512: its A micro-panel (28 KiB at 14 rows) stays in L1 beside B's stream.
+    // The same Xeon on 2026-11-25 (after A's strip packing), mha-tune --quick, 1 thread: the
+    // defaults stayed best; against them KC 128-264 (the formula's NC) scored 0.94-0.96x, 6x64
+    // 0.88-0.93x, 8x48 0.91-0.93x.
     // Zen 4 and Skylake-X (32 KiB L1d) would keep 4 KiB beside it: unmeasured, they keep the formula.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512 && caches.l1d >= 48 * 1024) t.kc = 512;
