@@ -291,9 +291,12 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // unevenly unless cut across their columns as well (sgemm_sup): in place wins at 16 rows
 // (x2000x1000 142 -> 173, x1536x512 141 -> 189, x1024x1024 131 -> 149) and, with the cut, at 32
 // rows whose B rows are not 4 KiB apart (x2000x1000 198 -> 215, dnnl_sgemm 220), not at 32 rows
-// 4 KiB apart (x1024x1024 197 -> 187). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59
-// -> 74, 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses
-// from 8 rows (16x1024x1024 59 -> 45), so there it keeps one strip. Both paths give the same bits.
+// 4 KiB apart (x1024x1024 197 -> 187). Narrower and shallower B alike, 1 thread: 64x128x2048 132
+// -> 157 (156), 96x384x768 147 -> 163 (155), 64x768x768 127 -> 147 (148), 100x640x640 138 -> 151
+// (139); 2 threads: 32x128x2048 165 -> 233, 24x768x768 182 -> 250, 32x640x640 207 -> 253.
+// AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74, 32x2000x1000 78 -> 83,
+// 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses from 8 rows (16x1024x1024
+// 59 -> 45), so there it keeps one strip. Both paths give the same bits.
 int64_t in_place_rows(const RuntimeState &s, double flops, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
     const bool aliased = ldb % 1024 == 0;  // rows a multiple of 4 KiB apart
