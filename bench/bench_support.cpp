@@ -58,6 +58,7 @@ const std::vector<GemmShape> &gemm_shapes() {
         {"few rows", 'N', 'T', 1, 1536, 512, false},
         {"few rows", 'N', 'N', 4, 1536, 512, false},
         {"few rows", 'N', 'T', 16, 1536, 512, false},
+        {"few rows", 'N', 'T', 32, 1536, 512, false},
         {"few rows", 'N', 'N', 16, 1536, 512, false},
         // A few strips against a large B stored K x N: read in place, once from memory (see
         // gemm::in_place_rows).

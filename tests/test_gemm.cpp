@@ -1,6 +1,7 @@
 // The GEMM against a double-precision reference: every microkernel the host supports, the tile
 // edges of each, both paths (packed and small-problem), transposes, alpha/beta, padded leading
 // dimensions, thread-count determinism, concurrent host threads and bad input.
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -347,18 +348,24 @@ TEST_CASE("A stored as is or transposed gives the same bits: strips packed as th
     }
 }
 
-TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes, beta 0 and 1, edges, depth blocks") {
-    // Up to 16 rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to 9 rows on
-    // AVX-512 (all 8 on AVX2), macro_bt from 10; alpha 2 and beta 0.5 keep to the other paths.
+TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes and past them to NR, beta 0 and 1, edges, depth blocks") {
+    // Up to the kernel's NR rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to
+    // 9 rows on AVX-512 (all 8 on AVX2), macro_bt from 10 to the lanes, macro_bt_wide past them
+    // (A^T one NR-wide panel); alpha 2 and beta 0.5 keep to the other paths, and NR + 1 rows too.
     // Columns around MR and the lanes, depths around the transposed block (16 or 8) and across KC
-    // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0.
+    // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0. (test "a row of C has
+    // the same bits whatever m is" holds these paths to the others' bits.)
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
-        const int64_t MR = uk->mr, lanes = uk->lanes;
+        const int64_t MR = uk->mr, lanes = uk->lanes, NR = uk->nr;
+        std::vector<int64_t> rows;
+        for (int64_t m = 1; m <= 16; ++m) rows.push_back(m);
+        for (int64_t m : {lanes + 1, lanes + 5, NR - 1, NR, NR + 1})
+            if (m > 16 && std::find(rows.begin(), rows.end(), m) == rows.end()) rows.push_back(m);
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
-            for (int64_t m = 1; m <= 16; ++m)
+            for (int64_t m : rows)
                 for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, lanes, lanes + 1, 2 * MR + 3, int64_t{100}})
                     for (int64_t k : {1, 7, 8, 17, 40})
                         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.5f}}) {

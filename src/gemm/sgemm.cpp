@@ -226,10 +226,10 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     }
 }
 
-// Few rows against B^T (m <= the ISA's lanes, alpha = 1, beta 0 or 1), B^T read in place and never
+// Few rows against B^T (m <= the kernel's NR, alpha = 1, beta 0 or 1), B^T read in place and never
 // packed: up to 9 rows on AVX-512 (8 on AVX2) B^T's rows are transposed in registers as they are
 // read (macro_bt_rows); from 10 rows they are the microkernel's broadcast operand against A^T as
-// one packed panel, C^T = B^T A^T (macro_bt). Depth blocks as the other paths cut them, each added
+// one packed panel, C^T = B^T A^T (macro_bt, one vector wide; macro_bt_wide past the lanes). Depth blocks as the other paths cut them, each added
 // to C in order, so every element has the bits the other paths give it.
 // Zen 5, 1 thread, against dnnl_sgemm, x 1536 x 512 NT, the transposing pack before -> macro_bt:
 // 12 rows 1.08x -> 1.31x, 16 rows 1.19x -> 1.68x (16 x 4096 x 512 1.18x -> 1.71x); before ->
@@ -238,12 +238,21 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 // 0.51x, 8 x 512 x 512 0.83x -> 1.18x. From 10 rows macro_bt_rows spills its registers (10 rows
 // 0.56x). AVX2 (oneDNN on AVX2 too), 3-8 rows 1.01-1.22x faster than the transposing pack or
 // macro_bt, 1-2 rows level: AVX2's 8 lanes all take macro_bt_rows, and its macro_bt is not reached.
+// Past the lanes, up to the kernel's NR rows, A^T is one panel of NR (macro_bt_wide: the kernel's
+// own MR x NR tile on B^T's rows), where the packed path would make a pass over B^T to transpose
+// it. Intel Xeon (AMX), GFLOP/s packed -> wide (dnnl_sgemm), 1 thread: 24x1536x512 92 -> 107
+// (96), 32x1536x512 105 -> 140 (107), 32x4096x1024 93 -> 135 (92), 32x1024x4096 93 -> 134 (93),
+// 20x2048x2048 70 -> 85 (69), 17x1536x512 level (78 -> 79); 2 threads: 17x1536x512 77 -> 163,
+// 24x1536x512 103 -> 222, 32x1536x512 110 -> 289, 32x4096x1024 180 -> 265. AVX2 (6x16), 1
+// thread: 9x1536x512 50 -> 58, 12x1536x512 60 -> 77, 16x1536x512 66 -> 102, 16x4096x1024 56 -> 89.
 bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const Output &c) {
     const SgemmKernel &uk = *s.sgemm;
-    if (b.rs != 1 || m > uk.lanes || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f)) return false;
+    const bool wide = m > uk.lanes;  // A^T in one panel of the kernel's NR (macro_bt_wide)
+    if (b.rs != 1 || m > (wide ? uk.nr : uk.lanes) || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f))
+        return false;
     const bool rows_path = m <= (uk.lanes == 16 ? kBtRowsMax : 8);
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, W = uk.lanes, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr, W = wide ? uk.nr : uk.lanes, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
     auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * W));
     float *at = scratch.data();
@@ -261,7 +270,7 @@ bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Opera
         }
         parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
             const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;
-            uk.macro_bt(m, cols, kc, b.at(pc, j0), b.cs, at, c.p + j0, c.ld, accumulate);
+            (wide ? uk.macro_bt_wide : uk.macro_bt)(m, cols, kc, b.at(pc, j0), b.cs, at, c.p + j0, c.ld, accumulate);
         });
     }
     return true;

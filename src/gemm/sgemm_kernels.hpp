@@ -71,6 +71,7 @@ using MacroSupFn = void (*)(const SupArgs &args);
 // read in place as the microkernel's broadcast operand) and at A^T packed (k x lanes(), lane i = row
 // i of A, zeros past m). Each C element is the same ordered FMA chain over the block as on the
 // other paths (the product's operands swap, which changes no rounding).
+// macro_bt_wide: the same for lanes() < m <= nr rows, A^T packed k x nr (lane i = row i of A).
 using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
                            int64_t ldc, bool accumulate);
 // One to kBtRowsMax (9) rows against B^T, read in place and transposed in registers on the way:
@@ -98,6 +99,7 @@ struct SgemmKernel {
     ActivateFn activate;
     int chain_rows;  // a strip of at most this many rows may take SupArgs::chain (kChainRows)
     MacroPackingFn macro_packing;
+    MacroBtFn macro_bt_wide;
 };
 
 std::span<const SgemmKernel> sgemm_kernels_avx2();

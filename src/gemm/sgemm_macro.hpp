@@ -283,22 +283,23 @@ void sgemm_macro_sup(const SupArgs &s) {
 }
 
 // Few rows against B^T (see MacroBtFn): MR rows of B^T at a time are the broadcast operand, read
-// in place, and A^T's one packed panel the vector one, so the weight is read once and never
-// transposed; the MR x lanes tile of C^T goes through a local buffer into C's columns.
-template <class Arch, int MR>
+// in place, and A^T's one packed panel (NV vectors wide) the vector one, so the weight is read
+// once and never transposed; the MR x NV lanes tile of C^T goes through a local buffer into C's
+// columns. NV = 1 up to the lanes (macro_bt), the kernel's NV up to its NR (macro_bt_wide).
+template <class Arch, int MR, int NV = 1>
 void sgemm_macro_bt(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
                     int64_t ldc, bool accumulate) {
-    constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    constexpr int P = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
     for (int64_t j = 0; j < n; j += MR) {
         const int64_t mr = n - j < MR ? n - j : MR;
-        alignas(64) float t[MR * W];
-        sgemm_ukernel_rows<Arch, MR, 1, Layout::packed>(mr, k, bt + j * ldbt, ldbt, 1, at, W, t, W, 1.0f, 0.0f);
+        alignas(64) float t[MR * P];
+        sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, k, bt + j * ldbt, ldbt, 1, at, P, t, P, 1.0f, 0.0f);
         for (int64_t i = 0; i < m; ++i) {
             float *row = c + i * ldc + j;
             if (accumulate)
-                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * W + i] + row[r];
+                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i] + row[r];
             else
-                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * W + i];
+                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i];
         }
     }
 }
