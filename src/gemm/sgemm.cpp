@@ -229,8 +229,9 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 // Few rows against B^T (m <= the kernel's NR, alpha = 1, beta 0 or 1), B^T read in place and never
 // packed: up to 9 rows on AVX-512 (8 on AVX2) B^T's rows are transposed in registers as they are
 // read (macro_bt_rows); from 10 rows they are the microkernel's broadcast operand against A^T as
-// one packed panel, C^T = B^T A^T (macro_bt, one vector wide; macro_bt_wide past the lanes). Depth blocks as the other paths cut them, each added
-// to C in order, so every element has the bits the other paths give it.
+// one packed panel, C^T = B^T A^T (macro_bt, one vector wide; macro_bt_wide past the lanes).
+// Depth blocks as the other paths cut them, each added to C in order, so every element has the
+// bits the other paths give it.
 // Zen 5, 1 thread, against dnnl_sgemm, x 1536 x 512 NT, the transposing pack before -> macro_bt:
 // 12 rows 1.08x -> 1.31x, 16 rows 1.19x -> 1.68x (16 x 4096 x 512 1.18x -> 1.71x); before ->
 // macro_bt_rows: 1 row 0.41x -> 0.67x, 2 rows 0.34x -> 0.54x, 4 rows 0.63x -> 0.92x, 6 rows 0.74x
@@ -408,6 +409,8 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // dnnl_sgemm on AVX2: 2x1000x1000 0.53x -> 0.98x, 6x1000x1000 0.62x -> 0.98x, 4x3000x1000
     // 0.56x -> 0.99x, 3x2000x2000 0.46x -> 0.73x, 2x2048x2048 1.45x -> 3.6x, 6x2048x2048 1.10x ->
     // 1.56x, level at 2-6x1536x512 (before the chunks, 3 and 6 rows at an 8 KiB stride lost).
+    // A few strips more read B in place too, on this Xeon's measurements (in_place_rows): the
+    // second strip finds B in L2, where packing it would be the pass over memory all the same.
     const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k ||
                      (transb == Trans::N && m <= in_place_rows(s, 2.0 * m * n * k, ldb));
     in_arena(s, 2.0 * m * n * k, [&] {
