@@ -415,18 +415,18 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
 }
 
 TEST_CASE("a few strips against B not transposed: B read in place, with the packed path's bits on 1 and 2 threads") {
-    // From one strip up to 8 MR rows (B's rows not 4 KiB apart) or 32 rows (4 KiB apart) a
-    // one-thread product reads B where it lies (gemm::in_place_rows), past the small-problem
-    // sizes, and on two threads up to 16 or 32 rows, its strips cut across their columns when
-    // they do not divide among the threads; the packed path (on two threads from 17 or 33 rows,
-    // and through prepacked weights) must give every element the same bits, and all stay within
-    // the reference's bound. k crosses a KC block.
+    // Up to 8 MR rows a one-thread product against B whose rows are not 4 KiB apart reads B where
+    // it lies (gemm::in_place_rows), past the small-problem sizes, and on two threads up to 32
+    // rows, its strips cut across their columns when they do not divide among the threads; B's
+    // rows 4 KiB apart keep the packed path past one strip. The packed path (there, on two
+    // threads from 33 rows, and through prepacked weights) must give every element the same bits,
+    // and all stay within the reference's bound. k crosses a KC block.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         const RuntimeOptions o = default_tiles(*uk, 1);
         RuntimeOptions o2 = default_tiles(*uk, 2);
-        o2.tiles->parallel_min_flops = 0;  // two threads at any size: in place up to 16 or 32 rows, cut evenly
+        o2.tiles->parallel_min_flops = 0;  // two threads at any size: in place up to 32 rows, cut evenly
         Runtime rt(o), rt2(o2);
         const int64_t MR = uk->mr, NR = uk->nr, n = o.tiles->sup_max_n + NR + 5, k = o.tiles->sup_max_k + 37;
         for (int64_t ldb : {n + 3, int64_t{1024}}) {

@@ -294,26 +294,26 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // memory stream with no arithmetic beside it) costs as much as the product at these heights.
 // Intel Xeon (AMX), 1 thread, GFLOP/s packed -> in place (dnnl_sgemm), NN: 16x2000x1000 69 ->
 // 100 (108), 32x2000x1000 99 -> 131 (131), 64x2000x1000 122 -> 140 (140), 96x2000x1000 136 ->
-// 153 (144), 32x1536x512 103 -> 134 (130), 96x1536x512 150 -> 160 (147), 16x1024x1024 68 -> 83
-// (101), 32x1024x1024 98 -> 105 (112). Rows a multiple of 4 KiB apart map a panel's lines onto
-// few sets of L1 and L2, so read many times in place they lose from about 40 rows: 48x1024x1024
-// 116 -> 113, 64x4096x1024 119 -> 95, 64x2048x2048 122 -> 103. On 2 threads the strips split
-// unevenly unless cut across their columns as well (sgemm_sup): in place wins at 16 rows
-// (x2000x1000 142 -> 173, x1536x512 141 -> 189, x1024x1024 131 -> 149) and, with the cut, at 32
-// rows whose B rows are not 4 KiB apart (x2000x1000 198 -> 215, dnnl_sgemm 220), not at 32 rows
-// 4 KiB apart (x1024x1024 197 -> 187). Narrower and shallower B alike, 1 thread: 64x128x2048 132
-// -> 157 (156), 96x384x768 147 -> 163 (155), 64x768x768 127 -> 147 (148), 100x640x640 138 -> 151
-// (139); 2 threads: 32x128x2048 165 -> 233, 24x768x768 182 -> 250, 32x640x640 207 -> 253.
-// AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74, 32x2000x1000 78 -> 83,
-// 32x1536x512 76 -> 77, level at 64-96 rows; 4 KiB apart it loses from 8 rows (16x1024x1024
-// 59 -> 45), so there it keeps one strip. Both paths give the same bits.
+// 153 (144), 32x1536x512 103 -> 134 (130), 96x1536x512 150 -> 160 (147); narrower and shallower B
+// alike: 64x128x2048 132 -> 157 (156), 96x384x768 147 -> 163 (155), 64x768x768 127 -> 147 (148),
+// 100x640x640 138 -> 151 (139); A's rows 4 KiB apart too: 64x2000x1024 129 -> 143 (148),
+// 32x1000x4096 102 -> 131 (142), 28x2000x2048 97 -> 135 (124), but 96x1536x2048 142 -> 136 (122).
+// On 2 threads the strips split unevenly unless cut across their columns as well (sgemm_sup):
+// with the cut, in place up to 32 rows: 16x2000x1000 142 -> 173, 16x1536x512 141 -> 189,
+// 32x2000x1000 198 -> 215 (dnnl_sgemm 220), 32x128x2048 165 -> 233, 24x768x768 182 -> 250,
+// 32x640x640 207 -> 253. AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74,
+// 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows.
+// B's rows a multiple of 4 KiB apart map a panel's lines onto few sets of L1 and L2; there the
+// CPUs disagree: this Xeon read 16-32 rows faster in place (16x1024x1024 68 -> 83, 32x1024x1024
+// 98 -> 105; from about 40 rows slower: 64x4096x1024 119 -> 95), Zen 5 slower (16x2048x2048 153
+// packed against 129 in place), and AVX2 on the Xeon slower from 8 rows (16x1024x1024 59 -> 45).
+// So those keep one strip. Both paths give the same bits.
 int64_t in_place_rows(const RuntimeState &s, double flops, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
-    const bool aliased = ldb % 1024 == 0;  // rows a multiple of 4 KiB apart
+    if (ldb % 1024 == 0) return uk.mr;  // rows a multiple of 4 KiB apart
     const bool one_thread = s.threads_for(flops, s.tiles.parallel_min_flops) == 1;
-    if (uk.lanes == 16)
-        return std::max<int64_t>(uk.mr, one_thread ? (aliased ? 32 : 8 * uk.mr - 1) : (aliased ? 16 : 32));
-    return one_thread && !aliased ? std::max<int64_t>(uk.mr, 32) : uk.mr;
+    if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? 8 * uk.mr - 1 : 32);
+    return one_thread ? std::max<int64_t>(uk.mr, 32) : uk.mr;
 }
 
 } // namespace
