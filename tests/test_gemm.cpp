@@ -417,7 +417,7 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
 TEST_CASE("a few strips against B not transposed: B read in place, with the packed path's bits on 1 and 2 threads") {
     // Up to 8 MR rows a one-thread product against B whose rows are not 4 KiB apart reads B where
     // it lies (gemm::in_place_rows), past the small-problem sizes, and on two threads up to 32
-    // rows, its strips cut across their columns when they do not divide among the threads; B's
+    // rows, its strips shared out by columns when they do not divide among the threads; B's
     // rows 4 KiB apart keep the packed path past one strip. The packed path (there, on two
     // threads from 33 rows, and through prepacked weights) must give every element the same bits,
     // and all stay within the reference's bound. k crosses a KC block.
@@ -428,21 +428,25 @@ TEST_CASE("a few strips against B not transposed: B read in place, with the pack
         RuntimeOptions o2 = default_tiles(*uk, 2);
         o2.tiles->parallel_min_flops = 0;  // two threads at any size: in place up to 32 rows, cut evenly
         Runtime rt(o), rt2(o2);
-        const int64_t MR = uk->mr, NR = uk->nr, n = o.tiles->sup_max_n + NR + 5, k = o.tiles->sup_max_k + 37;
-        for (int64_t ldb : {n + 3, int64_t{1024}}) {
-            for (int64_t m : {MR + 1, int64_t{16}, int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, 2 * MR + 3, 8 * MR - 1,
-                              8 * MR}) {
-                GemmCase g;
-                g.m = m; g.n = n; g.k = k; g.pad_a = 1; g.pad_b = ldb - n; g.pad_c = 2; g.seed = static_cast<uint32_t>(m);
-                const auto c = check_gemm(rt, g), c2 = check_gemm(rt2, g);
-                CHECK(test::same_bits(c, c2));
-                const int64_t lda = k + 1, ldc = n + 2;
-                const auto a = test::random_floats(static_cast<size_t>(m * lda + 1), g.seed);
-                const auto b = test::random_floats(static_cast<size_t>(k * ldb + 1), g.seed + 7);
-                const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), ldb, 1);
-                std::vector<float> c_pre(static_cast<size_t>(m * ldc));
-                gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
-                CHECK_MESSAGE(differing(c, c_pre, m, n, ldc) == 0, "m=", m, " n=", n, " k=", k, " ldb=", ldb);
+        const int64_t MR = uk->mr, NR = uk->nr, k = o.tiles->sup_max_k + 37;
+        // A few column panels (two threads cut 3 strips into strip x column-share items), and
+        // many (they split the columns alone).
+        for (int64_t n : {o.tiles->sup_max_n + NR + 5, std::max(o.tiles->sup_max_n, 9 * NR) + 5}) {
+            for (int64_t ldb : {n + 3, int64_t{1024}}) {
+                for (int64_t m : {MR + 1, int64_t{16}, int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, 2 * MR + 3, 8 * MR - 1,
+                                  8 * MR}) {
+                    GemmCase g;
+                    g.m = m; g.n = n; g.k = k; g.pad_a = 1; g.pad_b = ldb - n; g.pad_c = 2; g.seed = static_cast<uint32_t>(m);
+                    const auto c = check_gemm(rt, g), c2 = check_gemm(rt2, g);
+                    CHECK(test::same_bits(c, c2));
+                    const int64_t lda = k + 1, ldc = n + 2;
+                    const auto a = test::random_floats(static_cast<size_t>(m * lda + 1), g.seed);
+                    const auto b = test::random_floats(static_cast<size_t>(k * ldb + 1), g.seed + 7);
+                    const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), ldb, 1);
+                    std::vector<float> c_pre(static_cast<size_t>(m * ldc));
+                    gemm::sgemm_prepacked(rt.state(), m, n, a.data(), lda, pb, 0, nullptr, c_pre.data(), ldc);
+                    CHECK_MESSAGE(differing(c, c_pre, m, n, ldc) == 0, "m=", m, " n=", n, " k=", k, " ldb=", ldb);
+                }
             }
         }
     }

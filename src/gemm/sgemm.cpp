@@ -205,13 +205,17 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
 
             const float beta = pc == 0 ? c.beta : 1.0f;
-            const int64_t ir_split = std::min(n_ir, 4 * T);
-            // Strips that do not divide among the threads are cut across their columns too (3
-            // strips on 2 threads as 6 halves, not 2 + 1). Xeon, 2 threads, B in place: 32x2000x1000
-            // 188 -> 215 GFLOP/s, 32x1024x1024 165 -> 187, 64x2000x1000 225 -> 241.
-            const int64_t jr_split = n_ir < T                     ? std::min(n_jr, ceil_div(T, n_ir))
-                                     : n_ir < 4 * T && n_ir % T != 0 ? std::min(n_jr, T)
-                                                                     : 1;
+            // A few strips that do not divide among the threads (3 on 2): the threads split the
+            // columns instead, each taking every strip over its share of B, which then stays in its
+            // own L2. Xeon, 2 threads, B in place, GFLOP/s: strips shared out 2 + 1 -> strip x
+            // column-half items (B's halves moving between the cores) -> columns only:
+            // 32x2000x1000 188 -> 215 -> 262 (dnnl_sgemm 240), 40x1536x512 279 -> 297 (items ->
+            // columns), 32x640x640 284 -> 305, 96x2000x1000 292 -> 298; level where the strips
+            // divide evenly (16 and 28 rows). With few columns to share (under 4 panels a thread)
+            // the items stay strip x column share, whose count balances better.
+            const bool uneven = n_ir >= T && n_ir < 4 * T && n_ir % T != 0, by_columns = uneven && n_jr >= 4 * T;
+            const int64_t ir_split = by_columns ? 1 : std::min(n_ir, 4 * T);
+            const int64_t jr_split = uneven ? std::min(n_jr, T) : n_ir < T ? std::min(n_jr, ceil_div(T, n_ir)) : 1;
             const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
             parallel_items(ir_split * jr_split, T, [&](int64_t item) {
                 const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
