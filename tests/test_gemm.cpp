@@ -348,10 +348,12 @@ TEST_CASE("A stored as is or transposed gives the same bits: strips packed as th
     }
 }
 
-TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes and past them to NR, beta 0 and 1, edges, depth blocks") {
+TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count up to the lanes, past them to NR and two full panels, beta 0 and 1, edges, depth blocks") {
     // Up to the kernel's NR rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to
     // 9 rows on AVX-512 (all 8 on AVX2), macro_bt from 10 to the lanes, macro_bt_wide past them
-    // (A^T one NR-wide panel); alpha 2 and beta 0.5 keep to the other paths, and NR + 1 rows too.
+    // (A^T one NR-wide panel), and NR + lanes or 2 NR rows as two full panels; alpha 2 and beta 0.5
+    // keep to the other paths, and so do NR + 1, NR + lanes + 1 and 2 NR - 1 rows. Past 16 rows,
+    // every element's bits against the packed path's.
     // Columns around MR and the lanes, depths around the transposed block (16 or 8) and across KC
     // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0. (test "a row of C has
     // the same bits whatever m is" holds these paths to the others' bits.)
@@ -361,7 +363,7 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
         const int64_t MR = uk->mr, lanes = uk->lanes, NR = uk->nr;
         std::vector<int64_t> rows;
         for (int64_t m = 1; m <= 16; ++m) rows.push_back(m);
-        for (int64_t m : {lanes + 1, lanes + 5, NR - 1, NR, NR + 1})
+        for (int64_t m : {lanes + 1, lanes + 5, NR - 1, NR, NR + 1, NR + lanes, NR + lanes + 1, 2 * NR - 1, 2 * NR})
             if (m > 16 && std::find(rows.begin(), rows.end(), m) == rows.end()) rows.push_back(m);
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
@@ -376,7 +378,16 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
                             g.pad_b = 3; g.pad_c = 2;
                             g.nan_in_c = beta == 0.0f;
                             g.seed = static_cast<uint32_t>(m * 7919 + n * 31 + k);
-                            check_gemm(rt, g);
+                            const auto c = check_gemm(rt, g);
+                            if (m <= 16 || alpha != 1.0f || beta != 0.0f) continue;
+                            // Past the lanes the bits of the packed path (through prepacked weights).
+                            const int64_t ldb = k + 3, ldc = n + 2;
+                            const auto a = test::random_floats(static_cast<size_t>(m * k + 1), g.seed);
+                            const auto b = test::random_floats(static_cast<size_t>(n * ldb + 1), g.seed + 7);
+                            const gemm::PackedB pb = gemm::pack_b(rt.state(), k, n, b.data(), 1, ldb);
+                            std::vector<float> c_pre(static_cast<size_t>(m * ldc));
+                            gemm::sgemm_prepacked(rt.state(), m, n, a.data(), k, pb, 0, nullptr, c_pre.data(), ldc);
+                            CHECK_MESSAGE(differing(c, c_pre, m, n, ldc) == 0, "m=", m, " n=", n, " k=", k, " small=", small);
                         }
         }
     }

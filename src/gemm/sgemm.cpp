@@ -230,10 +230,11 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     }
 }
 
-// Few rows against B^T (m <= the kernel's NR, alpha = 1, beta 0 or 1), B^T read in place and never
-// packed: up to 9 rows on AVX-512 (8 on AVX2) B^T's rows are transposed in registers as they are
-// read (macro_bt_rows); from 10 rows they are the microkernel's broadcast operand against A^T as
-// one packed panel, C^T = B^T A^T (macro_bt, one vector wide; macro_bt_wide past the lanes).
+// Few rows against B^T (m <= the kernel's NR, or two full panels; alpha = 1, beta 0 or 1), B^T
+// read in place and never packed: up to 9 rows on AVX-512 (8 on AVX2) B^T's rows are transposed
+// in registers as they are read (macro_bt_rows); from 10 rows they are the microkernel's broadcast
+// operand against A^T as packed panels, C^T = B^T A^T (macro_bt, one vector wide; macro_bt_wide
+// past the lanes).
 // Depth blocks as the other paths cut them, each added to C in order, so every element has the
 // bits the other paths give it.
 // Zen 5, 1 thread, against dnnl_sgemm, x 1536 x 512 NT, the transposing pack before -> macro_bt:
@@ -245,37 +246,63 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 // macro_bt, 1-2 rows level: AVX2's 8 lanes all take macro_bt_rows, and its macro_bt is not reached.
 // Past the lanes, up to the kernel's NR rows, A^T is one panel of NR (macro_bt_wide: the kernel's
 // own MR x NR tile on B^T's rows), where the packed path would make a pass over B^T to transpose
-// it. Intel Xeon (AMX), GFLOP/s packed -> wide (dnnl_sgemm), 1 thread: 24x1536x512 92 -> 107
+// it; and NR + lanes or 2 NR rows (48 or 64 with 14x32) take two full panels, B^T read once for
+// each. Intel Xeon (AMX), GFLOP/s packed -> wide (dnnl_sgemm), 1 thread: 24x1536x512 92 -> 107
 // (96), 32x1536x512 105 -> 140 (107), 32x4096x1024 93 -> 135 (92), 32x1024x4096 93 -> 134 (93),
 // 20x2048x2048 70 -> 85 (69), 17x1536x512 level (78 -> 79); 2 threads: 17x1536x512 77 -> 163,
 // 24x1536x512 103 -> 222, 32x1536x512 110 -> 289, 32x4096x1024 180 -> 265. AVX2 (6x16), 1
 // thread: 9x1536x512 50 -> 58, 12x1536x512 60 -> 77, 16x1536x512 66 -> 102, 16x4096x1024 56 -> 89.
+// Two full panels, packed -> two passes, 1 thread: 48x1536x512 137 -> 145 (dnnl_sgemm 144),
+// 48x4096x1024 125 -> 140 (127), 48x1024x4096 115 -> 130 (116), 64x1536x512 153 -> 171 (158),
+// 64x4096x1024 132 -> 154 (135); 2 threads 48x1536x512 161 -> 291, 64x1536x512 268 -> 306; AVX2
+// 24x1536x512 84 -> 97, 32x1536x512 88 -> 112. A part-used second panel lost (40 rows 130 -> 124,
+// 56 rows 151 -> 148), and so did more panels (96 rows level, 128 rows 142 -> 139).
 bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const Output &c) {
     const SgemmKernel &uk = *s.sgemm;
-    const bool wide = m > uk.lanes;  // A^T in one panel of the kernel's NR (macro_bt_wide)
-    if (b.rs != 1 || m > (wide ? uk.nr : uk.lanes) || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f))
-        return false;
+    // Past NR rows a second panel, so a second pass over B^T: only when its lanes are all used.
+    const bool two_full = m - uk.nr == uk.lanes || m == 2 * uk.nr;
+    if (b.rs != 1 || (m > uk.nr && !two_full) || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f)) return false;
     const bool rows_path = m <= (uk.lanes == 16 ? kBtRowsMax : 8);
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, W = wide ? uk.nr : uk.lanes, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    // A^T's panels (at most two): NR wide while more than the lanes remain, then one of the lanes.
+    struct Panel {
+        int64_t row = 0, rows = 0, width = 0;
+        float *at = nullptr;
+    } panels[2];
+    int count = 0;
+    for (int64_t r = 0; r < m; r += panels[count++].rows) {
+        const int64_t left = m - r, width = left > uk.lanes ? uk.nr : uk.lanes;
+        panels[count] = {r, std::min(left, width), width};
+    }
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * W));
-    float *at = scratch.data();
+    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * (panels[0].width + panels[1].width)));
     for (int64_t pc = 0; pc < k; pc += kc_blk) {
         const int64_t kc = std::min(kc_blk, k - pc);
-        for (int64_t p = 0; p < kc; ++p)
-            for (int64_t i = 0; i < W; ++i) at[p * W + i] = i < m ? *a.at(i, pc + p) : 0.0f;
+        float *at = scratch.data();
+        for (int q = 0; q < count; ++q) {
+            Panel &pq = panels[q];
+            pq.at = at;
+            for (int64_t p = 0; p < kc; ++p)
+                for (int64_t i = 0; i < pq.width; ++i) at[p * pq.width + i] = i < pq.rows ? *a.at(pq.row + i, pc + p) : 0.0f;
+            at += kc * pq.width;
+        }
         const bool accumulate = pc > 0 || c.beta == 1.0f;
         if (rows_path) {
+            const int64_t W = uk.lanes;
             parallel_chunks(ceil_div(n, W), T, [&](int64_t q0, int64_t q1) {
                 const int64_t j0 = q0 * W, cols = std::min(n, q1 * W) - j0;
-                uk.macro_bt_rows(m, cols, kc, at, b.at(pc, j0), b.cs, c.p + j0, c.ld, accumulate);
+                uk.macro_bt_rows(m, cols, kc, panels[0].at, b.at(pc, j0), b.cs, c.p + j0, c.ld, accumulate);
             });
             continue;
         }
         parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
             const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;
-            (wide ? uk.macro_bt_wide : uk.macro_bt)(m, cols, kc, b.at(pc, j0), b.cs, at, c.p + j0, c.ld, accumulate);
+            for (int q = 0; q < count; ++q) {
+                const Panel &pq = panels[q];
+                (pq.width > uk.lanes ? uk.macro_bt_wide : uk.macro_bt)(pq.rows, cols, kc, b.at(pc, j0), b.cs, pq.at,
+                                                                       c.p + pq.row * c.ld + j0, c.ld, accumulate);
+            }
         });
     }
     return true;
