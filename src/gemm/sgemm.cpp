@@ -265,16 +265,15 @@ bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Opera
     const bool rows_path = m <= (uk.lanes == 16 ? kBtRowsMax : 8);
     const TileConfig &t = s.tiles;
     const int64_t MR = uk.mr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
-    // A^T's panels (at most two): NR wide while more than the lanes remain, then one of the lanes.
+    // A^T's panels: NR wide past the lanes, else one of the lanes; a second one (full) past NR rows.
     struct Panel {
         int64_t row = 0, rows = 0, width = 0;
         float *at = nullptr;
     } panels[2];
-    int count = 0;
-    for (int64_t r = 0; r < m; r += panels[count++].rows) {
-        const int64_t left = m - r, width = left > uk.lanes ? uk.nr : uk.lanes;
-        panels[count] = {r, std::min(left, width), width};
-    }
+    const int64_t first = m > uk.lanes ? uk.nr : uk.lanes;
+    panels[0] = {0, std::min(m, first), first};
+    if (m > first) panels[1] = {first, m - first, m - first};
+    const int count = m > first ? 2 : 1;
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
     auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * (panels[0].width + panels[1].width)));
     for (int64_t pc = 0; pc < k; pc += kc_blk) {
@@ -329,10 +328,9 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // alike: 64x128x2048 132 -> 157 (156), 96x384x768 147 -> 163 (155), 64x768x768 127 -> 147 (148),
 // 100x640x640 138 -> 151 (139); A's rows 4 KiB apart too: 64x2000x1024 129 -> 143 (148),
 // 32x1000x4096 102 -> 131 (142), 28x2000x2048 97 -> 135 (124), but 96x1536x2048 142 -> 136 (122).
-// On 2 threads the strips split unevenly unless cut across their columns as well (sgemm_sup):
-// with the cut, in place up to 32 rows: 16x2000x1000 142 -> 173, 16x1536x512 141 -> 189,
-// 32x2000x1000 198 -> 215 (dnnl_sgemm 220), 32x128x2048 165 -> 233, 24x768x768 182 -> 250,
-// 32x640x640 207 -> 253. AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74,
+// On 2 threads, up to 32 rows (strips that do not divide among the threads shared out by
+// sgemm_sup): 16x2000x1000 142 -> 173, 16x1536x512 141 -> 189, 32x128x2048 165 -> 233,
+// 24x768x768 182 -> 250, 32x640x640 207 -> 253, 32x2000x1000 198 -> 262 (dnnl_sgemm 240). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74,
 // 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows.
 // B's rows a multiple of 4 KiB apart map a panel's lines onto few sets of L1 and L2; there the
 // CPUs disagree: this Xeon read 16-32 rows faster in place (16x1024x1024 68 -> 83, 32x1024x1024
