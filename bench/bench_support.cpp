@@ -67,6 +67,10 @@ const std::vector<GemmShape> &gemm_shapes() {
         // One token against a 4096 -> 1024 weight stored K x N: B's rows 4 KiB apart, which the
         // strip reads in chunks of depth (see sgemm_sup).
         {"few rows", 'N', 'N', 1, 1024, 4096, false},
+        // 16 and 32 tokens against a 1024 x 1024 weight stored K x N: B's rows 4 KiB apart, read
+        // in chunks of depth by every strip at once (see gemm::chunked_rows).
+        {"few rows", 'N', 'N', 16, 1024, 1024, false},
+        {"few rows", 'N', 'N', 32, 1024, 1024, false},
     };
     return shapes;
 }

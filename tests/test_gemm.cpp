@@ -429,7 +429,8 @@ TEST_CASE("a few strips against B not transposed: B read in place, with the pack
     // Up to 8 MR rows a one-thread product against B whose rows are not 4 KiB apart reads B where
     // it lies (gemm::in_place_rows), past the small-problem sizes, and on two threads up to 32
     // rows, its strips shared out by columns when they do not divide among the threads; B's
-    // rows 4 KiB apart keep the packed path past one strip. The packed path (there, on two
+    // rows 4 KiB apart go in chunks of depth up to gemm::chunked_rows (see the next test), and
+    // take the packed path past them. The packed path (there, on two
     // threads from 33 rows, and through prepacked weights) must give every element the same bits,
     // and all stay within the reference's bound. k crosses a KC block.
     for (const auto *uk : host_kernels()) {
@@ -511,6 +512,48 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chun
             sgemm(rt2, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c2.data(), n);
             CHECK_MESSAGE(test::same_bits(c1, c2), "m=", m);
         }
+    }
+}
+
+TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of depth across the block, with the other paths' bits") {
+    // Two to four strips against such B (gemm::chunked_rows) read it in place 32 rows of depth at
+    // a time across the block, every strip per chunk, the first copying the chunk for the others
+    // and the sums kept between chunks (sgemm_sup_chunked). The same B at another stride takes the
+    // tiles one by one, and the packed path (more rows, or two threads past their limit) has the
+    // same bits: every element must match them, and the reference's values, across chunks (k
+    // below, at and past the chunk depth, and past a KC block), the packed edge panel, alpha and
+    // beta, on one thread and on two.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t MR = uk->mr, NR = uk->nr;
+        RuntimeOptions o2 = default_tiles(*uk, 2);
+        o2.tiles->parallel_min_flops = 0;  // two threads at any size
+        Runtime rt1(default_tiles(*uk, 1)), rt2(o2);
+        const int64_t kc = rt1.state().tiles.kc, m_all = 4 * MR;
+        for (Runtime *rt : {&rt1, &rt2})
+            for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}})
+                for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{97}, kc + 37}) {
+                    const int64_t ldb = 1024, lda = k + 3, ldc = n + 2, ldb_off = ldb + 5;
+                    const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 51);
+                    const auto b = test::random_floats(static_cast<size_t>(k * ldb), 52);
+                    std::vector<float> b_off(static_cast<size_t>(k * ldb_off));
+                    for (int64_t p = 0; p < k; ++p)
+                        std::copy(b.begin() + p * ldb, b.begin() + p * ldb + n, b_off.begin() + p * ldb_off);
+                    const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), 53);
+                    for (int64_t m : {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1})
+                        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+                            std::vector<float> c(c0), c_off(c0);
+                            sgemm(*rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                                  ldc);
+                            sgemm(*rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b_off.data(), ldb_off, beta,
+                                  c_off.data(), ldc);
+                            CHECK_MESSAGE(test::same_bits(c, c_off), "threads=", rt == &rt2 ? 2 : 1, " n=", n,
+                                          " k=", k, " m=", m, " alpha=", alpha, " beta=", beta);
+                        }
+                    // The values, against the double reference (C's padding untouched).
+                    check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
+                }
     }
 }
 

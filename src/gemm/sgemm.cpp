@@ -3,6 +3,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "gemm/prepacked.hpp"
 #include "runtime/validate.hpp"
@@ -157,6 +158,21 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
 // are contiguous; only B^T and the edge panels are packed. A deep product is cut into KC-deep
 // blocks as the packed path does (C accumulates them in order, so the sums are the same for any
 // thread count): the MR rows of A the microkernel reads stay in L1 and the KC x NC block of B in L2.
+// The most rows against B whose rows lie a multiple of 4 KiB apart that sgemm_sup reads B for in
+// place in chunks (sgemm_sup_chunked), every strip from the one pass over B; more rows take the
+// packed path, whose copy of B they share. Xeon (AMX), NN, against dnnl_sgemm, packed -> chunked,
+// 1 thread: 16x1024x1024 0.69x -> 1.04x, 32x1024x1024 0.93x (in place, tile by tile) -> 1.07x,
+// 48x1024x1024 0.98x -> 1.03x, 16x2048x2048 0.70x -> 1.07x, 32x4096x1024 0.89x -> 0.98x, but 64
+// rows 0.94x -> 0.88x and 96 rows 1.20x -> 1.03x; 2 threads: 16x1024x1024 1.02x -> 1.25x,
+// 16x2048x2048 0.79x -> 0.99x, but 32 rows 1.11x -> 0.98x and 48 rows 1.14x -> 0.93x. AVX2 (6x16),
+// 1 thread: 16x1024x1024 0.53x -> 0.70x, 32x1024x1024 0.71x -> 0.73x. One strip stays tile by
+// tile (8 rows 0.96x -> 0.94x, 12 rows 1.24x -> 1.13x), and so do B rows at other strides, which
+// the tiles already read as fast (32x2000x1000 0.94x -> 0.76x chunked).
+int64_t chunked_rows(const SgemmKernel &uk, bool one_thread) {
+    if (uk.lanes == 16) return one_thread ? 4 * uk.mr - 1 : 2 * uk.mr - 1;
+    return one_thread ? 32 : uk.mr;
+}
+
 void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
@@ -188,8 +204,19 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 
     // B in place packs only the panel cut by the edge (bp then holds that one panel).
     const int64_t bp_cols = b_direct ? NR : nc_blk;
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_chain));
-    float *bp = scratch.data(), *chain = chained ? bp + kc_max * bp_cols : nullptr;
+    // A few strips against such B read it in place in chunks of rows across the block, every
+    // strip per chunk (sgemm_sup_chunked), up to chunked_rows: the sums of all the strips' rows
+    // wait between chunks in 128 KiB, one B copy of a chunk per work item.
+    constexpr int64_t chunk_depth = 32, chunk_bytes = 128 << 10;
+    const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
+                         kc_max > chunk_depth;
+    if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
+    const int64_t ld_chunk = chunked ? round_up(nc_blk, NR) : ld_chain;
+    const int64_t copy_floats = chunked ? chunk_depth * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
+    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_chunk + copy_floats));
+    float *bp = scratch.data(), *chain = chained || chunked ? bp + kc_max * bp_cols : nullptr;
+    float *b_copy = chunked ? reinterpret_cast<float *>((reinterpret_cast<std::uintptr_t>(chain + m * ld_chunk) + 63) / 64 * 64)
+                            : nullptr;
     for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
         const int64_t nc = std::min(nc_blk, n - jc);
         const int64_t n_jr = ceil_div(nc, NR);
@@ -214,7 +241,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
             // divide evenly (16 and 28 rows). With few columns to share (under 4 panels a thread)
             // the items stay strip x column share, whose count balances better.
             const bool uneven = n_ir >= T && n_ir < 4 * T && n_ir % T != 0, by_columns = uneven && n_jr >= 4 * T;
-            const int64_t ir_split = by_columns ? 1 : std::min(n_ir, 4 * T);
+            const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
             const int64_t jr_split = uneven ? std::min(n_jr, T) : n_ir < T ? std::min(n_jr, ceil_div(T, n_ir)) : 1;
             const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
             parallel_items(ir_split * jr_split, T, [&](int64_t item) {
@@ -223,8 +250,10 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 if (ir0 >= ir1 || jr0 >= jr1) return;
                 const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
                 uk.macro_sup(SupArgs{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
-                                     b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta, chain, ld_chain, chain_depth,
-                                     b_direct ? (n_jr - 1) * NR : 0});
+                                     b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta,
+                                     chunked ? chain + i0 * ld_chunk : chain, chunked ? ld_chunk : ld_chain,
+                                     chunked ? chunk_depth : chain_depth, b_direct ? (n_jr - 1) * NR : 0,
+                                     chunked ? b_copy + item * chunk_depth * NR : nullptr});
             });
         }
     }
@@ -332,15 +361,15 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // sgemm_sup): 16x2000x1000 142 -> 173, 16x1536x512 141 -> 189, 32x128x2048 165 -> 233,
 // 24x768x768 182 -> 250, 32x640x640 207 -> 253, 32x2000x1000 198 -> 262 (dnnl_sgemm 240). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74,
 // 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows.
-// B's rows a multiple of 4 KiB apart map a panel's lines onto few sets of L1 and L2; there the
-// CPUs disagree: this Xeon read 16-32 rows faster in place (16x1024x1024 68 -> 83, 32x1024x1024
-// 98 -> 105; from about 40 rows slower: 64x4096x1024 119 -> 95), Zen 5 slower (16x2048x2048 153
-// packed against 129 in place), and AVX2 on the Xeon slower from 8 rows (16x1024x1024 59 -> 45).
-// So those keep one strip. Both paths give the same bits.
+// B's rows a multiple of 4 KiB apart map a panel's lines onto few sets of L1 and L2, and a tile
+// walking its depth jumps a page a step; there the CPUs disagreed on tiles in place against the
+// packed copy (this Xeon 16x1024x1024 68 -> 83 GFLOP/s, Zen 5 16x2048x2048 153 packed against 129
+// in place, AVX2 on the Xeon 59 -> 45), so those rows read B in chunks of depth instead, up to
+// chunked_rows. Every path gives the same bits.
 int64_t in_place_rows(const RuntimeState &s, double flops, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
-    if (ldb % 1024 == 0) return uk.mr;  // rows a multiple of 4 KiB apart
     const bool one_thread = s.threads_for(flops, s.tiles.parallel_min_flops) == 1;
+    if (ldb % 1024 == 0) return chunked_rows(uk, one_thread);  // rows a multiple of 4 KiB apart
     if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? 8 * uk.mr - 1 : 32);
     return one_thread ? std::max<int64_t>(uk.mr, 32) : uk.mr;
 }

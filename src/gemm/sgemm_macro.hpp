@@ -227,10 +227,76 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
     }
 }
 
+// One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
+// the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
+template <class Arch, int R, int NV>
+void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
+                      int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *t, int64_t ld_t,
+                      float *b_copy) {
+    auto run = [&]<bool Resume>() {
+        if (from == 0)
+            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, 1, Resume, false, false, true>(
+                kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, nullptr, 0, t, ld_t, nullptr, nullptr, 0, b_copy);
+        else
+            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::packed, 1, Resume, false>(kq, a, rs_a, cs_a, b, rs_b, c, ldc,
+                                                                                     alpha, beta, nullptr, 0, t, ld_t);
+    };
+    if (first)
+        run.template operator()<false>();
+    else
+        run.template operator()<true>();
+}
+
+// Every strip of the call against B in place, its depth in chunks of s.chain_depth rows, each
+// chunk taken across all the call's columns before the next (as sgemm_sup_chained does for one
+// strip): B is read a few rows at a time along its rows, runs the hardware prefetchers follow,
+// where a tile walking its whole depth jumps a row of B each step (on this Xeon a pass over 4 MiB
+// of B by 32-column tiles 512 rows deep read 21 GB/s, by chunks of 8-32 rows across 30 GB/s, as
+// fast as a sequential read). The first strip copies the chunk of B it reads into b_copy
+// (chain_depth x NR, in L1), from which the others read it. The sums wait in s.chain (row i at
+// chain + i ld_chain) between chunks as the floats they are in the registers, so each is the
+// ordered FMA chain the tile loop computes, and the last chunk ends as a tile does.
+template <class Arch, int MR, int NV>
+void sgemm_sup_chunked(const SupArgs &s) {
+    constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    const int64_t n_strips = strip_count(s.mc, MR);
+    for (int64_t p0 = 0; p0 < s.k; p0 += s.chain_depth) {
+        const int64_t kq = std::min(s.chain_depth, s.k - p0);
+        const bool first = p0 == 0, last = p0 + kq == s.k;
+        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {
+            const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
+            for (int64_t q = 0; q < n_strips; ++q) {
+                const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
+                const int from = nr < NR ? 2 : q == 0 ? 0 : 1;
+                const float *b = from == 0 ? s.b + p0 * s.rs_b + j : from == 1 ? s.b_copy : s.panel(j) + p0 * NR;
+                const float *t = s.chain + i * s.ld_chain + j;
+                auto run = [&](float *out, int64_t ld, float alpha, float beta) {
+                    [&]<int... R>(std::integer_sequence<int, R...>) {
+                        (void)((mr == R + 1 &&
+                                (sgemm_chunk_tile<Arch, R + 1, NV>(first, from, kq, s.a + i * s.rs_a + p0 * s.cs_a, s.rs_a,
+                                                                   s.cs_a, b, from == 0 ? s.rs_b : NR, out, ld, alpha,
+                                                                   beta, t, s.ld_chain, s.b_copy),
+                                 true)) ||
+                               ...);
+                    }(std::make_integer_sequence<int, MR>{});
+                };
+                if (!last)
+                    run(s.chain + i * s.ld_chain + j, s.ld_chain, 1.0f, 0.0f);
+                else if (nr == NR)
+                    run(s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta);
+                else  // the edge panel: its valid columns only
+                    sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float bt, const float *) { run(ct, ld, s.alpha, bt); }, mr,
+                                       nr, s.c + i * s.ldc + j, s.ldc, s.beta);
+            }
+        }
+    }
+}
+
 // The small-problem tiles (see SupArgs).
 template <class Arch, int MR, int NV>
 void sgemm_macro_sup(const SupArgs &s) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    if (s.b && s.b_copy) return sgemm_sup_chunked<Arch, MR, NV>(s);
     for (int64_t q = 0, n_strips = strip_count(s.mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows, in place
         const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
         const float *a = s.a + i * s.rs_a;

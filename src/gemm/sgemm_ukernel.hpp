@@ -34,17 +34,21 @@ enum class Layout { packed, strided };
 // the tile read from c_in (ld_in) when beta == 1 and written to c: the sum and the product are
 // rounded as storing A_panel * B_panel + beta * C_in into C_in and scaling that row would round
 // them (attention's last P V, written to the output already divided by the row's sum).
+// CopyB (B read in place, NP == 1): each step's B vectors are also stored to b_copy (64-byte
+// aligned), NR floats a step, in the packed layout, for the strips that follow this one over the
+// same rows of B (see sgemm_sup_chunked).
 // Never inlined: inside a caller's loops (the small-problem path's, attention's chunk) GCC gave
 // the k loop fewer registers and reloaded A's row offsets from the stack every step. Xeon (AMX), 1
 // thread, against dnnl_sgemm, inlined -> a call per tile: 512x512x64 NT 0.916x -> 0.964x,
 // 2048x2048x64 NT 0.950x -> 0.998x, 64^3 1.02x -> 1.10x, 100^3 0.95x -> 0.97x; the packed path
 // (whose calls GCC did not inline) level.
 template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1, bool Resume = false, bool PrefetchB = true,
-          bool RowScale = false>
+          bool RowScale = false, bool CopyB = false>
 __attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
                    int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr,
                    int64_t b_panel = 0, const float *resume = nullptr, int64_t ld_resume = 0,
-                   const float *row_scale = nullptr, const float *c_in = nullptr, int64_t ld_in = 0) {
+                   const float *row_scale = nullptr, const float *c_in = nullptr, int64_t ld_in = 0,
+                   float *b_copy = nullptr) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size);
     constexpr int NR = NV * W;
@@ -91,6 +95,11 @@ __attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t 
         V bv[NT];
 #pragma GCC unroll 8
         for (int j = 0; j < NT; ++j) bv[j] = V::load_unaligned(b + j / NV * b_panel + j % NV * W);
+        if constexpr (CopyB) {
+#pragma GCC unroll 8
+            for (int j = 0; j < NT; ++j) bv[j].store_aligned(b_copy + j * W);
+            b_copy += NT * W;
+        }
         // B streams from L2 past the A micro-panel, which stays in L1: fetch B ahead, every line
         // of the row (one line per step left the odd lines of a 14x32 panel to the hardware).
         if constexpr (PrefetchB) {
