@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -464,6 +465,27 @@ TEST_CASE("a few strips against B not transposed: B read in place, with the pack
     }
 }
 
+// m x n x k against B with rows ldb apart and against the same B at ldb + 5 (another path when
+// ldb is a multiple of 1024, the tile-by-tile one at the other stride), for every m in ms and a
+// few alpha and beta: every element of C must have the same bits.
+void same_bits_at_another_stride(Runtime &rt, const std::vector<int64_t> &ms, int64_t n, int64_t k, int64_t ldb,
+                                 uint32_t seed, const std::string &what) {
+    const int64_t m_all = *std::max_element(ms.begin(), ms.end()), lda = k + 3, ldc = n + 2, ldb_off = ldb + 5;
+    const auto a = test::random_floats(static_cast<size_t>(m_all * lda), seed);
+    const auto b = test::random_floats(static_cast<size_t>(k * ldb), seed + 1);
+    std::vector<float> b_off(static_cast<size_t>(k * ldb_off));
+    for (int64_t p = 0; p < k; ++p) std::copy(b.begin() + p * ldb, b.begin() + p * ldb + n, b_off.begin() + p * ldb_off);
+    const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), seed + 2);
+    for (int64_t m : ms)
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+            std::vector<float> c(c0), c_off(c0);
+            sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b_off.data(), ldb_off, beta, c_off.data(), ldc);
+            CHECK_MESSAGE(test::same_bits(c, c_off), what, " ldb=", ldb, " n=", n, " k=", k, " m=", m, " alpha=", alpha,
+                          " beta=", beta);
+        }
+}
+
 TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chunks of depth, with the other paths' bits") {
     // Such a stride sends a strip of at most chain_rows rows through sgemm_sup_chained (its depth a
     // few rows at a time across all its tiles, the sums kept in between); any other stride takes
@@ -479,23 +501,9 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chun
             for (int64_t ldb : {1024, 2048})
                 for (int64_t n : {int64_t{1}, NR - 1, NR + 1, 2 * NR + 3, 4 * NR + 5, int64_t{300}})
                     for (int64_t k : {9, 17, 40, 333}) {
-                        const int64_t lda = k + 3, ldc = n + 2, ldb_off = ldb + 5;
-                        const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 31);
-                        const auto b = test::random_floats(static_cast<size_t>(k * ldb), 32);
-                        std::vector<float> b_off(static_cast<size_t>(k * ldb_off));
-                        for (int64_t p = 0; p < k; ++p)
-                            std::copy(b.begin() + p * ldb, b.begin() + p * ldb + n, b_off.begin() + p * ldb_off);
-                        const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), 33);
-                        for (int64_t m = 1; m <= m_all; ++m)
-                            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
-                                std::vector<float> c(c0), c_off(c0);
-                                sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
-                                      c.data(), ldc);
-                                sgemm(rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b_off.data(), ldb_off,
-                                      beta, c_off.data(), ldc);
-                                CHECK_MESSAGE(test::same_bits(c, c_off), "ldb=", ldb, " n=", n, " k=", k, " m=", m,
-                                              " alpha=", alpha, " beta=", beta, " small tiles=", small);
-                            }
+                        std::vector<int64_t> ms(static_cast<size_t>(m_all));
+                        std::iota(ms.begin(), ms.end(), int64_t{1});
+                        same_bits_at_another_stride(rt, ms, n, k, ldb, 31, small ? "small tiles" : "default tiles");
                         // The values, against the double reference (C's padding untouched).
                         check_gemm(rt, GemmCase{'N', 'N', m_all - 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 7});
                     }
@@ -530,27 +538,13 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
         RuntimeOptions o2 = default_tiles(*uk, 2);
         o2.tiles->parallel_min_flops = 0;  // two threads at any size
         Runtime rt1(default_tiles(*uk, 1)), rt2(o2);
-        const int64_t kc = rt1.state().tiles.kc, m_all = 4 * MR;
+        const int64_t kc = rt1.state().tiles.kc;
         for (Runtime *rt : {&rt1, &rt2})
             for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}})
                 for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{97}, kc + 37}) {
-                    const int64_t ldb = 1024, lda = k + 3, ldc = n + 2, ldb_off = ldb + 5;
-                    const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 51);
-                    const auto b = test::random_floats(static_cast<size_t>(k * ldb), 52);
-                    std::vector<float> b_off(static_cast<size_t>(k * ldb_off));
-                    for (int64_t p = 0; p < k; ++p)
-                        std::copy(b.begin() + p * ldb, b.begin() + p * ldb + n, b_off.begin() + p * ldb_off);
-                    const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), 53);
-                    for (int64_t m : {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1})
-                        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
-                            std::vector<float> c(c0), c_off(c0);
-                            sgemm(*rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
-                                  ldc);
-                            sgemm(*rt, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b_off.data(), ldb_off, beta,
-                                  c_off.data(), ldc);
-                            CHECK_MESSAGE(test::same_bits(c, c_off), "threads=", rt == &rt2 ? 2 : 1, " n=", n,
-                                          " k=", k, " m=", m, " alpha=", alpha, " beta=", beta);
-                        }
+                    const int64_t ldb = 1024;
+                    same_bits_at_another_stride(*rt, {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1}, n, k, ldb, 51,
+                                                rt == &rt2 ? "2 threads" : "1 thread");
                     // The values, against the double reference (C's padding untouched).
                     check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
                 }
