@@ -535,16 +535,19 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         const int64_t MR = uk->mr, NR = uk->nr;
-        RuntimeOptions o2 = default_tiles(*uk, 2);
+        // Chunks only for a B larger than the packed block (KC x NC): default tiles with 1029
+        // columns, and a block of two panels for the narrower B.
+        RuntimeOptions o2 = default_tiles(*uk, 2), o_narrow = default_tiles(*uk, 1);
         o2.tiles->parallel_min_flops = 0;  // two threads at any size
-        Runtime rt1(default_tiles(*uk, 1)), rt2(o2);
+        o_narrow.tiles->nc = 2 * NR;
+        Runtime rt1(default_tiles(*uk, 1)), rt2(o2), rt_narrow(o_narrow);
         const int64_t kc = rt1.state().tiles.kc;
-        for (Runtime *rt : {&rt1, &rt2})
-            for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}})
+        for (Runtime *rt : {&rt1, &rt2, &rt_narrow})
+            for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}, int64_t{1029}})
                 for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{97}, kc + 37}) {
-                    const int64_t ldb = 1024;
+                    const int64_t ldb = n > 1024 ? 2048 : 1024;
                     same_bits_at_another_stride(*rt, {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1}, n, k, ldb, 51,
-                                                rt == &rt2 ? "2 threads" : "1 thread");
+                                                rt == &rt2 ? "2 threads" : rt == &rt1 ? "1 thread" : "1 thread, NC 2 NR");
                     // The values, against the double reference (C's padding untouched).
                     check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
                 }
