@@ -208,11 +208,14 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // strip per chunk (sgemm_sup_chunked), up to chunked_rows: the sums of all the strips' rows
     // wait between chunks in 128 KiB, one B copy of a chunk per work item. Only a B larger than
     // the packed block (KC x NC, half of L2), which comes from memory: one that stays in L2 from
-    // call to call is read faster tile by tile (Xeon, 1 thread, 20x1024x128 NN: 0.036 ms tile by
-    // tile, 0.042 chunked; 16x1024x256, 1 MiB, 0.080 -> 0.059).
+    // call to call is read as fast tile by tile (Xeon, 1 thread, tile by tile -> chunked:
+    // 20x1024x128 NN 0.036 -> 0.038 ms, 32x1024x200 0.082 -> 0.090, 48x1024x200 0.120 -> 0.124;
+    // 16x1024x256, 1 MiB, 0.080 -> 0.059), except by two strips of 8 rows (16 rows on 14x32),
+    // whose tiles each take a B line from L2 for 16 FMAs: 16x1024x200 0.069 -> 0.053 ms,
+    // 16x2048x100 0.072 -> 0.059, 16x1024x64 0.022 -> 0.016 (dnnl_sgemm 0.037, 0.039, 0.012).
     constexpr int64_t chunk_depth = 32, chunk_bytes = 128 << 10;
     const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
-                         kc_max > chunk_depth && k * n >= t.kc * t.nc;
+                         kc_max > chunk_depth && (k * n >= t.kc * t.nc || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t ld_chunk = chunked ? round_up(nc_blk, NR) : ld_chain;
     const int64_t copy_floats = chunked ? chunk_depth * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
