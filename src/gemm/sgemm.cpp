@@ -238,15 +238,21 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
 
             const float beta = pc == 0 ? c.beta : 1.0f;
-            // A few strips that do not divide among the threads (3 on 2): the threads split the
-            // columns instead, each taking every strip over its share of B, which then stays in its
-            // own L2. Xeon, 2 threads, B in place, GFLOP/s: strips shared out 2 + 1 -> strip x
-            // column-half items (B's halves moving between the cores) -> columns only:
+            // A few strips that do not divide among the threads (3 on 2), or any few strips
+            // against B read in place tile by tile: the threads split the columns instead, each
+            // taking every strip over its share of B, which it then reads once from memory and
+            // keeps in its own L2. Xeon, 2 threads, B in place, GFLOP/s: strips shared out 2 + 1
+            // -> strip x column-half items (B's halves moving between the cores) -> columns only:
             // 32x2000x1000 188 -> 215 -> 262 (dnnl_sgemm 240), 40x1536x512 279 -> 297 (items ->
-            // columns), 32x640x640 284 -> 305, 96x2000x1000 292 -> 298; level where the strips
-            // divide evenly (16 and 28 rows). With few columns to share (under 4 panels a thread)
-            // the items stay strip x column share, whose count balances better.
-            const bool uneven = n_ir >= T && n_ir < 4 * T && n_ir % T != 0, by_columns = uneven && n_jr >= 4 * T;
+            // columns), 32x640x640 284 -> 305, 96x2000x1000 292 -> 298. Strips that divide evenly,
+            // one per thread (each reading all of B) -> columns: 16x1536x512 214 -> 250 (with the
+            // 48-column tiles of 8-row strips; level before them), 16x2000x1000 186 -> 226,
+            // 24x2000x1000 216 -> 269, 28x1536x512 273 -> 309, 16x640x640 level; but B in chunks
+            // lost (16x1024x1024 202 -> 162: half the width a chunk row), so those keep a strip a
+            // thread. With few columns to share (under 4 panels a thread) the items stay strip x
+            // column share, whose count balances better.
+            const bool uneven = n_ir >= T && n_ir < 4 * T && (n_ir % T != 0 || (T > 1 && b_direct && !chunked));
+            const bool by_columns = uneven && n_jr >= 4 * T;
             const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
             const int64_t jr_split = uneven ? std::min(n_jr, T) : n_ir < T ? std::min(n_jr, ceil_div(T, n_ir)) : 1;
             const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
