@@ -249,8 +249,9 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
             // 48-column tiles of 8-row strips; level before them), 16x2000x1000 186 -> 226,
             // 24x2000x1000 216 -> 269, 28x1536x512 273 -> 309, 16x640x640 level; but B in chunks
             // lost (16x1024x1024 202 -> 162: half the width a chunk row), so those keep a strip a
-            // thread. With few columns to share (under 4 panels a thread) the items stay strip x
-            // column share, whose count balances better.
+            // thread. AVX2 (6x16) on the same Xeon: 12x1536x512 125 -> 149, 12x2000x256, 24x2000x200
+            // and 18x1000x300 level. With few columns to share (under 4 panels a thread) the items
+            // stay strip x column share, whose count balances better.
             const bool uneven = n_ir >= T && n_ir < 4 * T && (n_ir % T != 0 || (T > 1 && b_direct && !chunked));
             const bool by_columns = uneven && n_jr >= 4 * T;
             const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
