@@ -548,8 +548,10 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
                     const int64_t ldb = n > 1024 ? 2048 : 1024;
                     same_bits_at_another_stride(*rt, {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1}, n, k, ldb, 51,
                                                 rt == &rt2 ? "2 threads" : rt == &rt1 ? "1 thread" : "1 thread, NC 2 NR");
-                    // The values, against the double reference (C's padding untouched).
+                    // The values, against the double reference (C's padding untouched), A as is
+                    // and transposed.
                     check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
+                    check_gemm(*rt, GemmCase{'T', 'N', 3 * MR + 2, n, k, 1.0f, 0.0f, 3, ldb - n, 2, false, 10});
                 }
     }
 }
