@@ -218,7 +218,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                          kc_max > chunk_depth && (k * n >= t.kc * t.nc || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t ld_chunk = chunked ? round_up(nc_blk, NR) : ld_chain;
-    const int64_t copy_floats = chunked ? chunk_depth * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
+    const int64_t copy_floats = chunked ? chunk_depth * 2 * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
     auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_chunk + copy_floats));
     float *bp = scratch.data(), *chain = chained || chunked ? bp + kc_max * bp_cols : nullptr;
     float *b_copy = chunked ? reinterpret_cast<float *>((reinterpret_cast<std::uintptr_t>(chain + m * ld_chunk) + 63) / 64 * 64)
@@ -266,7 +266,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                                      b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta,
                                      chunked ? chain + i0 * ld_chunk : chain, chunked ? ld_chunk : ld_chain,
                                      chunked ? chunk_depth : chain_depth, b_direct ? (n_jr - 1) * NR : 0,
-                                     chunked ? b_copy + item * chunk_depth * NR : nullptr});
+                                     chunked ? b_copy + item * chunk_depth * 2 * NR : nullptr});
             });
         }
     }

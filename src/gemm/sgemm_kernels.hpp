@@ -16,7 +16,7 @@ namespace mha::gemm {
 // always comes packed (in bp), from column bp_j0 on. chain (optional, with b and one strip of at
 // most chain_rows rows; ld_chain >= jr1 NR floats a row): room for the strip's sums, and the
 // strip then reads B's depth in chunks of chain_depth rows across all its tiles (see
-// sgemm_sup_chained). b_copy (optional, with b and chain; chain_depth x NR floats, 64-byte
+// sgemm_sup_chained). b_copy (optional, with b and chain; chain_depth x 2 NR floats, 64-byte
 // aligned): every strip of the call takes each chunk in turn, the sums of row i at chain + i
 // ld_chain, the first strip copying the chunk of B it reads there for the others (see
 // sgemm_sup_chunked).

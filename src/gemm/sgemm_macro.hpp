@@ -229,17 +229,21 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
 
 // One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
 // the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
-template <class Arch, int R, int NV>
+// One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
+// the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
+// NP = 3 (with NV = 1): 48 columns, three vectors b_panel floats apart, the copy rs_b = 48 wide.
+template <class Arch, int R, int NV, int NP = 1>
 void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
                       int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *t, int64_t ld_t,
-                      float *b_copy) {
+                      float *b_copy, int64_t b_panel = 0) {
+    constexpr Layout copy = NP == 1 ? Layout::packed : Layout::strided;
     auto run = [&]<bool Resume>() {
         if (from == 0)
-            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, 1, Resume, false, false, true>(
-                kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, nullptr, 0, t, ld_t, nullptr, nullptr, 0, b_copy);
+            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, NP, Resume, false, false, true>(
+                kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, nullptr, b_panel, t, ld_t, nullptr, nullptr, 0, b_copy);
         else
-            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::packed, 1, Resume, false>(kq, a, rs_a, cs_a, b, rs_b, c, ldc,
-                                                                                     alpha, beta, nullptr, 0, t, ld_t);
+            sgemm_ukernel<Arch, R, NV, Layout::strided, copy, NP, Resume, false>(kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha,
+                                                                                beta, nullptr, b_panel, t, ld_t);
     };
     if (first)
         run.template operator()<false>();
@@ -253,41 +257,69 @@ void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t 
 // where a tile walking its whole depth jumps a row of B each step (on this Xeon a pass over 4 MiB
 // of B by 32-column tiles 512 rows deep read 21 GB/s, by chunks of 8-32 rows across 30 GB/s, as
 // fast as a sequential read). The first strip copies the chunk of B it reads into b_copy
-// (chain_depth x NR, in L1), from which the others read it. The sums wait in s.chain (row i at
-// chain + i ld_chain) between chunks as the floats they are in the registers, so each is the
-// ordered FMA chain the tile loop computes, and the last chunk ends as a tile does.
+// (chain_depth x 2 NR floats, in L1), from which the others read it. The sums wait in s.chain
+// (row i at chain + i ld_chain) between chunks as the floats they are in the registers, so each
+// is the ordered FMA chain the tile loop computes, and the last chunk ends as a tile does. Strips
+// of 6 to 9 rows all take 48-column tiles where three whole panels allow (as sgemm_macro_sup's;
+// Xeon, 1 thread, 32 -> 48 columns: 16x1024x200 0.046 -> 0.042 ms, 15x1024x1024 0.265 -> 0.258,
+// 16x1024x1024, 16x2048x2048 and 16x1024x64 level).
 template <class Arch, int MR, int NV>
 void sgemm_sup_chunked(const SupArgs &s) {
-    constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
+    constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size), NR = NV * W;
     const int64_t n_strips = strip_count(s.mc, MR);
+    bool wide = NR == 32;
+    for (int64_t q = 0; q < n_strips; ++q) {
+        const int64_t mr = strip_start(s.mc, MR, q + 1) - strip_start(s.mc, MR, q);
+        wide = wide && mr >= 6 && mr <= 9;
+    }
     for (int64_t p0 = 0; p0 < s.k; p0 += s.chain_depth) {
         const int64_t kq = std::min(s.chain_depth, s.k - p0);
         const bool first = p0 == 0, last = p0 + kq == s.k;
-        for (int64_t jr = s.jr0; jr < s.jr1; ++jr) {
-            const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
+        // The tile of `width` columns from column j (a whole 48, or one panel of NR), every strip.
+        auto tile = [&](int64_t j, int64_t width) {
+            const int64_t nr = std::min<int64_t>(width, s.nc - j);
             for (int64_t q = 0; q < n_strips; ++q) {
                 const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
                 const int from = nr < NR ? 2 : q == 0 ? 0 : 1;
                 const float *b = from == 0 ? s.b + p0 * s.rs_b + j : from == 1 ? s.b_copy : s.panel(j) + p0 * NR;
-                const float *t = s.chain + i * s.ld_chain + j;
+                const int64_t rs_b = from == 0 ? s.rs_b : width;
+                const float *t = s.chain + i * s.ld_chain + j, *ap = s.a + i * s.rs_a + p0 * s.cs_a;
                 auto run = [&](float *out, int64_t ld, float alpha, float beta) {
+                    if constexpr (NR == 32)
+                        if (width == 48)
+                            return [&]<int... R>(std::integer_sequence<int, R...>) {
+                                (void)((mr == R + 6 && (sgemm_chunk_tile<Arch, R + 6, 1, 3>(
+                                                            first, from, kq, ap, s.rs_a, s.cs_a, b, rs_b, out, ld, alpha,
+                                                            beta, t, s.ld_chain, s.b_copy, W),
+                                                        true)) ||
+                                       ...);
+                            }(std::make_integer_sequence<int, 4>{});
                     [&]<int... R>(std::integer_sequence<int, R...>) {
-                        (void)((mr == R + 1 &&
-                                (sgemm_chunk_tile<Arch, R + 1, NV>(first, from, kq, s.a + i * s.rs_a + p0 * s.cs_a, s.rs_a,
-                                                                   s.cs_a, b, from == 0 ? s.rs_b : NR, out, ld, alpha,
-                                                                   beta, t, s.ld_chain, s.b_copy),
-                                 true)) ||
+                        (void)((mr == R + 1 && (sgemm_chunk_tile<Arch, R + 1, NV>(first, from, kq, ap, s.rs_a, s.cs_a, b,
+                                                                                  rs_b, out, ld, alpha, beta, t,
+                                                                                  s.ld_chain, s.b_copy),
+                                                true)) ||
                                ...);
                     }(std::make_integer_sequence<int, MR>{});
                 };
                 if (!last)
                     run(s.chain + i * s.ld_chain + j, s.ld_chain, 1.0f, 0.0f);
-                else if (nr == NR)
+                else if (nr == width)
                     run(s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta);
                 else  // the edge panel: its valid columns only
                     sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float bt, const float *) { run(ct, ld, s.alpha, bt); }, mr,
                                        nr, s.c + i * s.ldc + j, s.ldc, s.beta);
             }
+        };
+        for (int64_t jr = s.jr0; jr < s.jr1;) {
+            if (wide && jr + 2 < s.jr1 && (jr + 3) * NR <= s.nc) {
+                tile(jr * NR, 48);
+                tile(jr * NR + 48, 48);
+                jr += 3;
+                continue;
+            }
+            tile(jr * NR, NR);
+            ++jr;
         }
     }
 }
