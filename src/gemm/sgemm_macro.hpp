@@ -229,8 +229,6 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
 
 // One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
 // the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
-// One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
-// the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
 // NP = 3 (with NV = 1): 48 columns, three vectors b_panel floats apart, the copy rs_b = 48 wide.
 template <class Arch, int R, int NV, int NP = 1>
 void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
