@@ -217,11 +217,12 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
                          kc_max > chunk_depth && (k * n >= t.kc * t.nc || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
-    const int64_t ld_chunk = chunked ? round_up(nc_blk, NR) : ld_chain;
+    // The sums' buffer (rows ld_sums apart) and the depth of a chunk, of either kind.
+    const int64_t ld_sums = chunked ? round_up(nc_blk, NR) : ld_chain, sums_depth = chunked ? chunk_depth : chain_depth;
     const int64_t copy_floats = chunked ? chunk_depth * 2 * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_chunk + copy_floats));
+    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * bp_cols + m * ld_sums + copy_floats));
     float *bp = scratch.data(), *chain = chained || chunked ? bp + kc_max * bp_cols : nullptr;
-    float *b_copy = chunked ? reinterpret_cast<float *>((reinterpret_cast<std::uintptr_t>(chain + m * ld_chunk) + 63) / 64 * 64)
+    float *b_copy = chunked ? reinterpret_cast<float *>((reinterpret_cast<std::uintptr_t>(chain + m * ld_sums) + 63) / 64 * 64)
                             : nullptr;
     for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
         const int64_t nc = std::min(nc_blk, n - jc);
@@ -264,9 +265,8 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
                 const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
                 uk.macro_sup(SupArgs{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
                                      b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta,
-                                     chunked ? chain + i0 * ld_chunk : chain, chunked ? ld_chunk : ld_chain,
-                                     chunked ? chunk_depth : chain_depth, b_direct ? (n_jr - 1) * NR : 0,
-                                     chunked ? b_copy + item * chunk_depth * 2 * NR : nullptr});
+                                     chain ? chain + i0 * ld_sums : nullptr, ld_sums, sums_depth,
+                                     b_direct ? (n_jr - 1) * NR : 0, b_copy ? b_copy + item * chunk_depth * 2 * NR : nullptr});
             });
         }
     }
@@ -372,8 +372,9 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // 32x1000x4096 102 -> 131 (142), 28x2000x2048 97 -> 135 (124), but 96x1536x2048 142 -> 136 (122).
 // On 2 threads, up to 32 rows (strips that do not divide among the threads shared out by
 // sgemm_sup): 16x2000x1000 142 -> 173, 16x1536x512 141 -> 189, 32x128x2048 165 -> 233,
-// 24x768x768 182 -> 250, 32x640x640 207 -> 253, 32x2000x1000 198 -> 262 (dnnl_sgemm 240). AVX2 (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74,
-// 32x2000x1000 78 -> 83, 32x1536x512 76 -> 77, level at 64-96 rows.
+// 24x768x768 182 -> 250, 32x640x640 207 -> 253, 32x2000x1000 198 -> 262 (dnnl_sgemm 240). AVX2
+// (6x16) on the same Xeon, 1 thread: 16x2000x1000 59 -> 74, 32x2000x1000 78 -> 83, 32x1536x512 76
+// -> 77, level at 64-96 rows.
 // B's rows a multiple of 4 KiB apart map a panel's lines onto few sets of L1 and L2, and a tile
 // walking its depth jumps a page a step; there the CPUs disagreed on tiles in place against the
 // packed copy (this Xeon 16x1024x1024 68 -> 83 GFLOP/s, Zen 5 16x2048x2048 153 packed against 129

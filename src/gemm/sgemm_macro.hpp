@@ -227,6 +227,20 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
     }
 }
 
+// Strips of 6 to 9 rows against B in place on a 32-column kernel take tiles three vectors (48
+// columns) wide, two to every three panels (see sgemm_macro_sup and sgemm_sup_chunked).
+template <int NR>
+constexpr bool tile48(int64_t mr) {
+    return NR == 32 && mr >= 6 && mr <= 9;
+}
+// Calls f.template operator()<R>() with R = mr, for tile48's heights.
+template <class F>
+void with_tile48_rows(int64_t mr, const F &f) {
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+        (void)((mr == R + 6 && (f.template operator()<R + 6>(), true)) || ...);
+    }(std::make_integer_sequence<int, 4>{});
+}
+
 // One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
 // the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
 // NP = 3 (with NV = 1): 48 columns, three vectors b_panel floats apart, the copy rs_b = 48 wide.
@@ -265,11 +279,8 @@ template <class Arch, int MR, int NV>
 void sgemm_sup_chunked(const SupArgs &s) {
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size), NR = NV * W;
     const int64_t n_strips = strip_count(s.mc, MR);
-    bool wide = NR == 32;
-    for (int64_t q = 0; q < n_strips; ++q) {
-        const int64_t mr = strip_start(s.mc, MR, q + 1) - strip_start(s.mc, MR, q);
-        wide = wide && mr >= 6 && mr <= 9;
-    }
+    bool wide = true;
+    for (int64_t q = 0; q < n_strips; ++q) wide = wide && tile48<NR>(strip_start(s.mc, MR, q + 1) - strip_start(s.mc, MR, q));
     for (int64_t p0 = 0; p0 < s.k; p0 += s.chain_depth) {
         const int64_t kq = std::min(s.chain_depth, s.k - p0);
         const bool first = p0 == 0, last = p0 + kq == s.k;
@@ -284,14 +295,11 @@ void sgemm_sup_chunked(const SupArgs &s) {
                 const float *t = s.chain + i * s.ld_chain + j, *ap = s.a + i * s.rs_a + p0 * s.cs_a;
                 auto run = [&](float *out, int64_t ld, float alpha, float beta) {
                     if constexpr (NR == 32)
-                        if (width == 48)
-                            return [&]<int... R>(std::integer_sequence<int, R...>) {
-                                (void)((mr == R + 6 && (sgemm_chunk_tile<Arch, R + 6, 1, 3>(
-                                                            first, from, kq, ap, s.rs_a, s.cs_a, b, rs_b, out, ld, alpha,
-                                                            beta, t, s.ld_chain, s.b_copy, W),
-                                                        true)) ||
-                                       ...);
-                            }(std::make_integer_sequence<int, 4>{});
+                        if (width != NR)  // the 48-column tile
+                            return with_tile48_rows(mr, [&]<int R>() {
+                                sgemm_chunk_tile<Arch, R, 1, 3>(first, from, kq, ap, s.rs_a, s.cs_a, b, rs_b, out, ld,
+                                                                alpha, beta, t, s.ld_chain, s.b_copy, W);
+                            });
                     [&]<int... R>(std::integer_sequence<int, R...>) {
                         (void)((mr == R + 1 && (sgemm_chunk_tile<Arch, R + 1, NV>(first, from, kq, ap, s.rs_a, s.cs_a, b,
                                                                                   rs_b, out, ld, alpha, beta, t,
@@ -358,17 +366,14 @@ void sgemm_macro_sup(const SupArgs &s) {
         // 0.99x -> 1.11x, 6x2000x1000 1.05x -> 1.11x, 9x2000x1000 1.30x -> 1.37x. Each sum is
         // the same ordered chain in any tile.
         if constexpr (NR == 32)
-            if (s.b && mr >= 6 && mr <= 9)
-                [&]<int... R>(std::integer_sequence<int, R...>) {
-                    (void)((mr == R + 6 && ([&] {
-                                for (; jr + 2 < s.jr1 && (jr + 3) * NR <= s.nc; jr += 3)
-                                    for (int h = 0; h < 2; ++h)
-                                        sgemm_ukernel<Arch, R + 6, 1, Layout::strided, Layout::strided, 3>(
-                                            s.k, a, s.rs_a, s.cs_a, s.b + jr * NR + 48 * h, s.rs_b,
-                                            s.c + i * s.ldc + jr * NR + 48 * h, s.ldc, s.alpha, s.beta, nullptr, 16);
-                            }(), true)) ||
-                           ...);
-                }(std::make_integer_sequence<int, 4>{});
+            if (s.b && tile48<NR>(mr))
+                with_tile48_rows(mr, [&]<int R>() {
+                    for (; jr + 2 < s.jr1 && (jr + 3) * NR <= s.nc; jr += 3)
+                        for (int h = 0; h < 2; ++h)
+                            sgemm_ukernel<Arch, R, 1, Layout::strided, Layout::strided, 3>(
+                                s.k, a, s.rs_a, s.cs_a, s.b + jr * NR + 48 * h, s.rs_b, s.c + i * s.ldc + jr * NR + 48 * h,
+                                s.ldc, s.alpha, s.beta, nullptr, NR / NV);
+                });
         if (mr < MR && (s.b ? mr <= kWideRowsDirect<Arch, MR, NV> : wide_edge<Arch, MR, NV>(mr)))  // two B panels a tile
             for (; jr + 1 < s.jr1 && (jr + 2) * NR <= s.nc; jr += 2) {
                 const int64_t j = jr * NR;

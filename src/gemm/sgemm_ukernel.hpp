@@ -34,9 +34,9 @@ enum class Layout { packed, strided };
 // the tile read from c_in (ld_in) when beta == 1 and written to c: the sum and the product are
 // rounded as storing A_panel * B_panel + beta * C_in into C_in and scaling that row would round
 // them (attention's last P V, written to the output already divided by the row's sum).
-// CopyB (B read in place, NP == 1): each step's B vectors are also stored to b_copy (64-byte
-// aligned), NR floats a step, in the packed layout, for the strips that follow this one over the
-// same rows of B (see sgemm_sup_chunked).
+// CopyB (B read in place): each step's NP NV B vectors are also stored to b_copy (64-byte
+// aligned), one after the other, NP NR floats a step, for the strips that follow this one over
+// the same rows of B (see sgemm_sup_chunked).
 // Never inlined: inside a caller's loops (the small-problem path's, attention's chunk) GCC gave
 // the k loop fewer registers and reloaded A's row offsets from the stack every step. Xeon (AMX), 1
 // thread, against dnnl_sgemm, inlined -> a call per tile: 512x512x64 NT 0.916x -> 0.964x,
