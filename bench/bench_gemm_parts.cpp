@@ -3,6 +3,11 @@
 // operands stay as warm as they can (the whole GEMM sees them colder):
 //   gemm_parts/<kernel>/ukernel  one MR x KC micro-panel of A (in L1) against eight KC x NR
 //                                micro-panels of B (in L2), C += A B: the microkernel alone
+//   gemm_parts/<kernel>/k_loop   the microkernel's k loop alone, A and B in L1 (a depth that fills
+//                                half of L1d with both) and no C traffic: the ceiling of its
+//                                register shape on this core, which the rows above can only approach
+//                                (the FMA probe does no loads; this loop does MR broadcasts and NV
+//                                loads a step)
 //   gemm_parts/<kernel>/macro    the macro loop over a packed 1024 x KC block of A (from L3) and a
 //                                KC x NC block of B (in L2), into 1024 rows of a 1024-column C
 //   gemm_parts/<kernel>/pack_a   packing 1024 x KC of a row-major A (lda 1024) into MR-row panels
@@ -108,6 +113,21 @@ void register_parts(const gemm::SgemmKernel &uk, const TileConfig &t) {
     })->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 
+// The k_loop row of a microkernel: its loop over a depth that fills half of L1d with one packed
+// panel of A and one of B, 64 passes a call.
+void register_k_loop(const gemm::SgemmKernel &uk, int64_t l1d) {
+    const int64_t kc = std::clamp<int64_t>(l1d / 2 / ((uk.mr + uk.nr) * 4) / 16 * 16, 16, 1024);
+    auto *ab = new Floats(static_cast<size_t>((uk.mr + uk.nr) * kc));  // lives as long as the benchmarks
+    bench::fill_hashed(ab->data(), ab->size(), 3, 1.0f);
+    const float *a = ab->data(), *b = a + uk.mr * kc;  // B 64-byte aligned: kc % 16 == 0
+    benchmark::RegisterBenchmark((std::string("gemm_parts/") + uk.name + "/k_loop/kc:" + std::to_string(kc)).c_str(),
+                                 [&uk, kc, a, b](benchmark::State &st) {
+        constexpr int64_t kReps = 64;
+        for (auto _ : st) benchmark::DoNotOptimize(bench::k_loop_gflops(uk.isa, uk.name, kReps, kc, a, b));
+        flops_counters(st, 2.0 * static_cast<double>(uk.mr * uk.nr * kc * kReps));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -120,6 +140,8 @@ int main(int argc, char **argv) {
         const gemm::SgemmKernel *uk = gemm::find_sgemm_kernel(t.gemm_ukernel);
         if (uk) register_parts(*uk, t);
     }
+    for (const auto &uk : gemm::all_sgemm_kernels())
+        if (cpu_supports(uk.isa)) register_k_loop(uk, caches.l1d);
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

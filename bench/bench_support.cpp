@@ -36,6 +36,8 @@ double fma_gflops_avx512(int64_t iters);
 double fma_gflops_avx2(int64_t iters);
 float read_sum_avx512(const float *x, int64_t n);
 float read_sum_avx2(const float *x, int64_t n);
+double k_loop_gflops_avx512(const char *kernel, int64_t reps, int64_t kc, const float *a, const float *b);
+double k_loop_gflops_avx2(const char *kernel, int64_t reps, int64_t kc, const float *a, const float *b);
 
 std::string GemmShape::str() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " + ta + tb;
@@ -568,6 +570,10 @@ double measure_fma_peak_gflops(int threads) {
 }
 
 double fma_probe_gflops(int threads) { return fma_probe_run(threads, 1 << 19); }
+
+double k_loop_gflops(Isa isa, const char *kernel, int64_t reps, int64_t kc, const float *a, const float *b) {
+    return isa == Isa::avx512 ? k_loop_gflops_avx512(kernel, reps, kc, a, b) : k_loop_gflops_avx2(kernel, reps, kc, a, b);
+}
 
 // One pass of `threads` threads each streaming its share of a 256 MiB buffer, far past any L3
 // here (allocated on first use and kept).

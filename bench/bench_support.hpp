@@ -210,6 +210,11 @@ double measure_fma_peak_gflops(int threads);
 // window on a machine whose other tenants come and go.
 double fma_probe_gflops(int threads);
 
+// The k-loop ceiling of the microkernel named `kernel` of `isa` (see k_loop_gflops_probe in
+// peak_kernel.hpp): `reps` passes over a depth of kc, A read as MR floats a step and B as NR (a
+// packed panel of each), on this thread; GFLOP/s, or 0 for a kernel the list does not have.
+double k_loop_gflops(Isa isa, const char *kernel, int64_t reps, int64_t kc, const float *a, const float *b);
+
 // Read bandwidth in GB/s of `threads` threads each streaming its share of a buffer far larger than
 // the caches (the median of several passes).
 double measure_read_bandwidth_gbs(int threads);

@@ -34,6 +34,43 @@ double fma_gflops_probe(int64_t iters) {
     return 2.0 * kChains * static_cast<double>(V::size) * static_cast<double>(iters) / s * 1e-9;
 }
 
+// A microkernel's k loop alone, with its operands in L1 and no C traffic: each step loads NV
+// vectors of B and broadcasts MR values of A into MR x NV FMAs, as sgemm_ukernel does, over a depth
+// of kc (A: MR kc floats, B: NV W kc, which the caller keeps within L1), `reps` times. Returns
+// GFLOP/s: the ceiling of that register shape's loop on this core, which no blocking, packing or
+// prefetch can lift; beside the FMA probe (no loads at all) it shows what the loads themselves cost.
+template <class Arch, int MR, int NV>
+double k_loop_gflops_probe(int64_t reps, int64_t kc, const float *a, const float *b) {
+    using V = xsimd::batch<float, Arch>;
+    constexpr int W = static_cast<int>(V::size);
+    V acc[MR][NV];
+    for (auto &row : acc)
+        for (auto &x : row) x = V(0.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t r = 0; r < reps; ++r) {
+        const float *ap = a, *bp = b;
+        asm volatile("" : "+r"(ap), "+r"(bp));  // a fresh pass each time, not hoisted
+        for (int64_t p = 0; p < kc; ++p) {
+            V bv[NV];
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) bv[j] = V::load_aligned(bp + j * W);
+#pragma GCC unroll 32
+            for (int i = 0; i < MR; ++i) {
+                const V ai(ap[i]);
+#pragma GCC unroll 8
+                for (int j = 0; j < NV; ++j) acc[i][j] = mha::simd::fmadd(ai, bv[j], acc[i][j]);
+            }
+            ap += MR;
+            bp += NV * W;
+        }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile float sink = 0;
+    for (auto &row : acc)
+        for (auto &x : row) sink = sink + xsimd::hadd(x);
+    return 2.0 * MR * NV * W * static_cast<double>(kc) * static_cast<double>(reps) / s * 1e-9;
+}
+
 // Sums n floats with 8 independent vector accumulators; returns the sum so the reads stay live.
 template <class Arch>
 float read_sum_probe(const float *x, int64_t n) {

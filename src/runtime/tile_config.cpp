@@ -62,7 +62,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // or more takes KC 512: its A micro-panel (28 KiB at 14 rows) stays in L1 beside B's stream.
     // The same Xeon on 2026-11-25 (after A's strip packing), mha-tune --quick, 1 thread: the
     // defaults stayed best; against them KC 128-264 (the formula's NC) scored 0.94-0.96x, 6x64
-    // 0.88-0.93x, 8x48 0.91-0.93x.
+    // 0.88-0.93x, 8x48 0.91-0.93x. And on 2026-11-26, mha-tune's full search (96 candidates, 1
+    // thread): the defaults best again; 14x32 KC 128-328 NC 384-3072 0.92-0.97x, 8x48 KC 104-272
+    // 0.89-0.95x, 6x64 KC 80-216 0.87-0.93x. bench_gemm_parts' k_loop rows put the three shapes'
+    // loops (A and B in L1, no C) level with each other, at 83-98% of the start-up FMA probe as the
+    // host's load came and went, and the 14x32 microkernel at KC 512 at 86-99% of its loop in the
+    // same run: no shape has room that 14x32 lacks.
     // Zen 4 and Skylake-X (32 KiB L1d) would keep 4 KiB beside it: unmeasured, they keep the formula.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512 && caches.l1d >= 48 * 1024) t.kc = 512;
@@ -124,7 +129,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // for every BQ (28-224), BK 128 0.95x, BK 64 0.87-0.88x. BK 512 against 256 there (mha-bench,
     // 1 thread): L512 D64/D128 1.02x, serving prefill 1.01-1.03x, but decode B1-B4 Lk4096 0.95-0.98x
     // and the paged-cache decode (B16 Lk4096) 0.92x, as on Zen 5: BK stays 256. BQ 56/168/224
-    // against 112 at L128/L512 D64/D128: 0.98-1.00x.
+    // against 112 at L128/L512 D64/D128: 0.98-1.00x. The same Xeon's full search on 2026-11-26:
+    // BK 512 1.013-1.018x for BQ 28-224 (under mha-tune's 2% bar, and decode's case above stands),
+    // BK 256 with BQ 28-224 0.99-1.00x, BK 128 0.94-0.95x, BK 64 0.87-0.88x.
     // A sequence's last block under BQ / 2 rows shares the last two blocks evenly (Shape::block_start:
     // L128 as 64 + 64, not 112 + 16): Xeon, 1 thread, H8 D64, L128 +2.7-2.9%, causal +5.7%.
     t.attn_block_q = 8 * uk.mr;
