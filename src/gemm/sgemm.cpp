@@ -173,6 +173,10 @@ int64_t chunked_rows(const SgemmKernel &uk, bool one_thread) {
     return one_thread ? 32 : uk.mr;
 }
 
+// Whether a k x n B is larger than the packed block (KC x NC, half of L2), so that it comes from
+// memory on every call: the chunks pay only there (see sgemm_sup).
+bool b_past_block(const TileConfig &t, int64_t n, int64_t k) { return k * n >= t.kc * t.nc; }
+
 void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
@@ -215,7 +219,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // 16x2048x100 0.072 -> 0.059, 16x1024x64 0.022 -> 0.016 (dnnl_sgemm 0.037, 0.039, 0.012).
     constexpr int64_t chunk_depth = 32, chunk_bytes = 128 << 10;
     const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
-                         kc_max > chunk_depth && (k * n >= t.kc * t.nc || (uk.lanes == 16 && m <= 16));
+                         kc_max > chunk_depth && (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     // The sums' buffer (rows ld_sums apart) and the depth of a chunk, of either kind.
     const int64_t ld_sums = chunked ? round_up(nc_blk, NR) : ld_chain, sums_depth = chunked ? chunk_depth : chain_depth;
@@ -384,7 +388,7 @@ int64_t in_place_rows(const RuntimeState &s, int64_t m, int64_t n, int64_t k, in
     const SgemmKernel &uk = *s.sgemm;
     const bool one_thread = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops) == 1;
     if (ldb % 1024 == 0)  // rows a multiple of 4 KiB apart: in chunks, from memory (see sgemm_sup)
-        return k * n >= s.tiles.kc * s.tiles.nc ? chunked_rows(uk, one_thread) : uk.mr;
+        return b_past_block(s.tiles, n, k) ? chunked_rows(uk, one_thread) : uk.mr;
     if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? 8 * uk.mr - 1 : 32);
     return one_thread ? std::max<int64_t>(uk.mr, 32) : uk.mr;
 }
