@@ -309,11 +309,12 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
-TEST_CASE("A stored as is or transposed gives the same bits: strips packed as they run or the block packed first") {
-    // The packed path packs a row-major A strip by strip inside the macro loop and a transposed A
-    // (column-major storage) as a whole block first; the packing moves floats and must not change
-    // one sum. Products large enough for the packed path at the default tiles, and every block
-    // edge at small tiles, on 1 and 2 threads.
+TEST_CASE("A stored as is or transposed gives the same bits: read in place, strips packed as they run, or the block packed first") {
+    // The packed path reads a row-major A in place (the microkernel's strided loads), or, with its
+    // rows a multiple of 4 KiB apart, packs it strip by strip inside the macro loop; a transposed
+    // A (column-major storage) is packed as a whole block first. None of it may change one sum.
+    // Products large enough for the packed path at the default tiles, and every block edge at
+    // small tiles, on 1 and 2 threads.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
@@ -325,15 +326,21 @@ TEST_CASE("A stored as is or transposed gives the same bits: strips packed as th
                                        {2 * uk->mr - 1, 5 * uk->nr, kc + 1}, {1, 2 * uk->nr + 1, 3 * kc}}) {
                     CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(threads); CAPTURE(small);
                     const int64_t lda = k + 3, ldat = m + 5, ldb = n + 1, ldc = n + 2;
+                    const int64_t lda_4k = (k + 1023) / 1024 * 1024;  // rows a multiple of 4 KiB apart
                     const auto a = test::random_floats(static_cast<size_t>(m * lda), 21);
+                    std::vector<float> a_4k(static_cast<size_t>(m * lda_4k), kSentinel);
+                    for (int64_t i = 0; i < m; ++i)
+                        std::copy_n(a.begin() + i * lda, k, a_4k.begin() + i * lda_4k);
                     std::vector<float> at(static_cast<size_t>(k * ldat), kSentinel);
                     for (int64_t i = 0; i < m; ++i)
                         for (int64_t p = 0; p < k; ++p) at[static_cast<size_t>(p * ldat + i)] = a[static_cast<size_t>(i * lda + p)];
                     const auto b = test::random_floats(static_cast<size_t>(k * ldb), 22);
-                    std::vector<float> c(static_cast<size_t>(m * ldc), 0.0f), ct(c.size(), 0.0f);
+                    std::vector<float> c(static_cast<size_t>(m * ldc), 0.0f), ct(c.size(), 0.0f), c4k(c.size(), 0.0f);
                     sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
                     sgemm(rt, Trans::T, Trans::N, m, n, k, 1.0f, at.data(), ldat, b.data(), ldb, 0.0f, ct.data(), ldc);
+                    sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a_4k.data(), lda_4k, b.data(), ldb, 0.0f, c4k.data(), ldc);
                     CHECK(test::same_bits(c, ct));
+                    CHECK(test::same_bits(c, c4k));
                     std::vector<double> want, mag;
                     ref::sgemm('N', 'N', m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, want, mag);
                     int64_t bad = 0;

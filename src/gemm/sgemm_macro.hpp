@@ -113,27 +113,29 @@ inline bool sgemm_narrow_tile(int64_t mr, int64_t nr, int64_t k, const float *a,
     }(std::make_integer_sequence<int, NV - 1>{});
 }
 
-// One strip of mr rows of the packed path: its A micro-panel apanel (MR x kc, in L1) against every
-// NR-column panel of the packed kc x nc block of B; C's rows from c.
-template <class Arch, int MR, int NV>
-inline void sgemm_strip_packed(int64_t mr, int64_t nc, int64_t kc, const float *apanel, const float *bp, float *c,
-                               int64_t ldc, float alpha, float beta, const float *bias) {
+// One strip of mr rows of the packed path: its A micro-panel (MR x kc, in L1; LA = packed), or
+// its rows where they lie (LA = strided: element (i, p) at a[i rs_a + p cs_a]), against every
+// NR-column panel of the packed kc x nc block of B; C's rows from c. The microkernels' sums are
+// the same ordered chains either way.
+template <class Arch, int MR, int NV, Layout LA = Layout::packed>
+inline void sgemm_strip_packed(int64_t mr, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a,
+                               const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
     int64_t j = 0;
     if (mr < MR && wide_edge<Arch, MR, NV>(mr))           // two B panels a tile (see kWideSums)
         for (; j + 2 * NR <= nc; j += 2 * NR)
-            sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, kc, apanel, 1, MR, bp + j * kc, NR, c + j, ldc, alpha,
+            sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, kc, a, rs_a, cs_a, bp + j * kc, NR, c + j, ldc, alpha,
                                                                 beta, bias ? bias + j : nullptr, NR * kc);
     for (; j < nc; j += NR) {                              // IR: NR columns of B
         const float *bpanel = bp + j * kc;
-        if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, apanel, 1, MR, bpanel, NR, c + j, ldc, alpha,
+        if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, a, rs_a, cs_a, bpanel, NR, c + j, ldc, alpha,
                                                            beta, bias ? bias + j : nullptr))
             continue;
         sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
             if (mr == MR)
-                sgemm_ukernel<Arch, MR, NV, Layout::packed, Layout::packed>(kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b, bs);
+                sgemm_ukernel<Arch, MR, NV, LA, Layout::packed>(kc, a, rs_a, cs_a, bpanel, NR, ct, ld, alpha, b, bs);
             else
-                sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, apanel, 1, MR, bpanel, NR, ct, ld, alpha, b, bs);
+                sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, a, rs_a, cs_a, bpanel, NR, ct, ld, alpha, b, bs);
         }, mr, nc - j < NR ? nc - j : NR, c + j, ldc, beta, bias ? bias + j : nullptr);
     }
 }
@@ -147,23 +149,29 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
                         float alpha, float beta, const float *bias = nullptr) {
     for (int64_t q = 0, n_strips = strip_count(mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows
         const int64_t i = strip_start(mc, MR, q), mr = strip_start(mc, MR, q + 1) - i;
-        sgemm_strip_packed<Arch, MR, NV>(mr, nc, kc, ap + q * MR * kc, bp, c + i * ldc, ldc, alpha, beta, bias);
+        sgemm_strip_packed<Arch, MR, NV>(mr, nc, kc, ap + q * MR * kc, 1, MR, bp, c + i * ldc, ldc, alpha, beta, bias);
     }
 }
 
-// The same loops with A read where it lies (element (i, p) at a[i rs_a + p cs_a]), each strip
-// packed into abuf (MR x kc floats) right before its tiles run, so the packed panel is still in L1
-// and never makes the round trip through memory that a whole packed block (MBs, past L2) makes.
-// The next strip's rows need no prefetch by hand: the hardware's streams fetch them (asking for
-// them into L2, a share before each tile, was level or slower: Xeon (AMX), 1 thread, 1024^3
-// 0.991x -> 0.985x oneDNN, 2048^3 within noise).
+// The same loops with A's rows where they lie (element (i, p) at a[i rs_a + p cs_a], cs_a = 1),
+// a strip of MR rows at a time against every B panel, the strip's rows (MR x kc floats, 28 KiB at
+// 14 x 512) staying in L1 across its tiles. abuf NULL: the microkernel reads the rows in place.
+// Else each strip is first packed into abuf (MR x kc floats) right before its tiles, so the
+// packed panel is still in L1 and never makes the round trip through memory that a whole packed
+// block (MBs, past L2) makes; the next strip's rows need no prefetch by hand (asking for them
+// into L2, a share before each tile, was level or slower). The sums are the same either way.
 template <class Arch, int MR, int NV>
-void sgemm_macro_packing(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a, float *abuf,
-                         const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias) {
+void sgemm_macro_strips(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a, float *abuf,
+                        const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias) {
     for (int64_t q = 0, n_strips = strip_count(mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows
         const int64_t i = strip_start(mc, MR, q), mr = strip_start(mc, MR, q + 1) - i;
+        if (!abuf) {
+            sgemm_strip_packed<Arch, MR, NV, Layout::strided>(mr, nc, kc, a + i * rs_a, rs_a, cs_a, bp, c + i * ldc, ldc,
+                                                              alpha, beta, bias);
+            continue;
+        }
         pack_panels<Arch, MR>(mr, kc, a + i * rs_a, rs_a, cs_a, abuf);
-        sgemm_strip_packed<Arch, MR, NV>(mr, nc, kc, abuf, bp, c + i * ldc, ldc, alpha, beta, bias);
+        sgemm_strip_packed<Arch, MR, NV>(mr, nc, kc, abuf, 1, MR, bp, c + i * ldc, ldc, alpha, beta, bias);
     }
 }
 
