@@ -309,10 +309,10 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
-TEST_CASE("A stored as is or transposed gives the same bits: read in place, strips packed as they run, or the block packed first") {
-    // The packed path reads a row-major A in place (the microkernel's strided loads), or, with its
-    // rows a multiple of 4 KiB apart, packs it strip by strip inside the macro loop; a transposed
-    // A (column-major storage) is packed as a whole block first. None of it may change one sum.
+TEST_CASE("A stored as is (rows any distance apart) or transposed gives the same bits: read in place or the block packed first") {
+    // The packed path reads a row-major A in place (the microkernel's strided loads), its rows at
+    // any stride (a multiple of 4 KiB too, where a strip's rows share L1 sets), and packs a
+    // transposed A (column-major storage) as a whole block first; neither may change one sum.
     // Products large enough for the packed path at the default tiles, and every block edge at
     // small tiles, on 1 and 2 threads.
     for (const auto *uk : host_kernels()) {

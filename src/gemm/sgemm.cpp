@@ -100,25 +100,27 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
     const int64_t row_split = n_blocks >= T ? 1 : std::min(ceil_div(mc_max, MR), ceil_div(T, n_blocks));
 
     // A's rows contiguous (A not transposed): the microkernel reads each strip of A where it lies
-    // (macro_strips), and A is never packed; except where its rows lie a multiple of 4 KiB apart
-    // (a strip's 14 rows then share one L1 set of 12 ways), where each work item packs each strip
-    // itself right before its tiles, into a panel that stays in L1. Xeon (AMX), 1 thread, strips
+    // (macro_in_place), and A is never packed. Packing each strip first, right before its tiles
+    // (into a panel that stayed in L1), was a pass over A per B block. Xeon (AMX), 1 thread, strips
     // packed -> in place, one interleaved run each, the same bits: 1000^3 1.036-1.046x, 1536^3
     // 1.036x, 1500^3 1.037x, 600x700x1500 1.044x, 3000x1000x800 1.014x, 4096x1536x1024 NT 1.026x;
-    // prepacked weights (the layer's projections; A = the activations, rows 2 or 6 KiB apart)
-    // 1024x1536x512 1.022-1.023x, 1024x512x512 1.024x, 4096x1536x512 1.030x, 200x2048x512 1.027x, 64
-    // rows 1.037x, 16 rows 1.083x, 1 row 1.038x; 2 threads 1024x1536x512 1.058x, 1024x512x512 1.061x;
-    // AVX2 (6x16) 1.006-1.022x; the E512 H8 layer B8 L128 1.015x, B4 L512 1.021x, B1 L2048 1.040x
-    // (2 threads, B8 L128: 1.008x). Rows 4 KiB apart: 1024^3 0.981-1.002x, 2048^3 0.968-1.021x over
-    // five runs (mostly below 1), 2048x1024x2048 1.005x, so those keep the packed strips.
+    // rows a multiple of 4 KiB apart, where a strip's 14 rows share one L1 set of 12 ways: 1024^3
+    // 1.012-1.015x, 2048^3 0.993-1.012x, 2048x1024x2048 1.021x, 1024x3072x1024 NT 1.009x,
+    // 4096x4096x1024 NT 1.006x (the same code either way; between two builds, whose code lies
+    // differently, 1024^3 read 0.98-1.00x and 2048^3 0.97-1.02x); 2 threads 1024^3 1.007x, 2048^3
+    // 1.019x; AVX2 (6x16) 1024^3 0.997x, 1000^3 1.006x. On packed weights (the layer's projections,
+    // A = the activations): 1024x1536x512 1.022-1.023x, 1024x512x512 1.024x, 4096x1536x512 1.030x,
+    // 200x2048x512 1.027x, 64 rows 1.037x, 16 rows 1.083x, 1 row 1.038x; rows 4 KiB apart
+    // (x3072x1024) 1-64 rows 1.011-1.055x, 256 rows 1.002x; 2 threads 1024x1536x512 1.058x,
+    // 1024x512x512 1.061x; AVX2 1.006-1.022x; the E512 H8 layer B8 L128 1.015x, B4 L512 1.021x, B1
+    // L2048 1.040x (2 threads, B8 L128: 1.008x).
     // Before the strips, the whole A block was packed first, which left the FMA units idle while A
     // came from memory (Xeon, 1 thread, against dnnl_sgemm, block -> strips: 1024^3 0.968x ->
     // 1.000x, 2048^3 0.948x -> 0.958x, 2048x1536x1024 NT 0.940x -> 0.983x).
-    // A transposed keeps the block: a strip of it is kc runs of MR floats, each run a page apart, and packing it
-    // strip by strip lost (1024^3 TN 1.031x -> 0.961x).
-    const bool a_rows = a.cs == 1, a_in_place = a_rows && a.rs % 1024 != 0;
-    const int64_t b_size = pre.b ? 0 : kc_max * nc;
-    const int64_t a_size = a_in_place ? 0 : a_rows ? s.slots * MR * kc_max : mc_max * kc_max;
+    // A transposed keeps the block: a strip of it is kc runs of MR floats, each run a page apart,
+    // and packing it strip by strip lost (1024^3 TN 1.031x -> 0.961x).
+    const bool a_in_place = a.cs == 1;
+    const int64_t b_size = pre.b ? 0 : kc_max * nc, a_size = a_in_place ? 0 : mc_max * kc_max;
     auto scratch = s.pool.borrow(static_cast<size_t>(a_size + s.slots * b_size));
     float *ap = scratch.data(), *b_packs = ap + a_size;
     for (int64_t ic = 0; ic < m; ic += mc_blk) {                 // JC: MC rows of A
@@ -126,7 +128,7 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
         const int64_t ir_per = ceil_div(n_ir, row_split);
         for (int64_t pc = 0; pc < k; pc += kc_blk) {             // PC: KC deep; pack A^T's block
             const int64_t kc = std::min(kc_blk, k - pc);
-            if (!a_rows)
+            if (!a_in_place)
                 parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {  // whole strips, so each is cut as in the block
                     const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
                     uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc);
@@ -148,10 +150,9 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 // JR and IR run inside the ISA's translation unit, on whole strips of the block.
                 const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
                 float *cb = c.p + (ic + i0) * c.ld + jc;
-                if (a_rows)
-                    uk.macro_strips(rows, ncur, kc, a.at(ic + i0, pc), a.rs, a.cs,
-                                    a_in_place ? nullptr : ap + slot * MR * kc_max, bp, cb, c.ld, c.alpha, beta,
-                                    bias ? bias + jc : nullptr);
+                if (a_in_place)
+                    uk.macro_in_place(rows, ncur, kc, a.at(ic + i0, pc), a.rs, a.cs, bp, cb, c.ld, c.alpha, beta,
+                                      bias ? bias + jc : nullptr);
                 else
                     uk.macro_packed(rows, ncur, kc, ap + ir0 * MR * kc, bp, cb, c.ld, c.alpha, beta,
                                     bias ? bias + jc : nullptr);

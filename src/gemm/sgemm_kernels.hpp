@@ -64,12 +64,10 @@ using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_
 // C = (A * B + bias) + beta * C.
 using MacroPackedFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *ap, const float *bp, float *c,
                                int64_t ldc, float alpha, float beta, const float *bias);
-// The same loops with A's rows where they lie (element (i, p) at a[i * rs_a + p * cs_a]): read
-// in place by the microkernel (abuf NULL), or packed strip by strip into abuf (MR x kc floats)
-// as the strips run.
-using MacroStripsFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a,
-                               float *abuf, const float *bp, float *c, int64_t ldc, float alpha, float beta,
-                               const float *bias);
+// The same loops with A read where it lies by the microkernel (element (i, p) at
+// a[i * rs_a + p * cs_a]), never packed.
+using MacroInPlaceFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a,
+                                const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias);
 using MacroSupFn = void (*)(const SupArgs &args);
 // Few rows against B^T, as C^T = B^T A^T: C[0:m, 0:n] = A B (alpha = 1), or A B + C (beta = 1),
 // for m <= lanes() rows, over one depth block: bt holds B^T's rows (n x k, row i at bt + i * ldbt,
@@ -103,7 +101,7 @@ struct SgemmKernel {
     MacroBtRowsFn macro_bt_rows;
     ActivateFn activate;
     int chain_rows;  // a strip of at most this many rows may take SupArgs::chain (kChainRows)
-    MacroStripsFn macro_strips;
+    MacroInPlaceFn macro_in_place;
     MacroBtFn macro_bt_wide;
 };
 

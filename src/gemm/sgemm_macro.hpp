@@ -154,24 +154,15 @@ void sgemm_macro_packed(int64_t mc, int64_t nc, int64_t kc, const float *ap, con
 }
 
 // The same loops with A's rows where they lie (element (i, p) at a[i rs_a + p cs_a], cs_a = 1),
-// a strip of MR rows at a time against every B panel, the strip's rows (MR x kc floats, 28 KiB at
-// 14 x 512) staying in L1 across its tiles. abuf NULL: the microkernel reads the rows in place.
-// Else each strip is first packed into abuf (MR x kc floats) right before its tiles, so the
-// packed panel is still in L1 and never makes the round trip through memory that a whole packed
-// block (MBs, past L2) makes; the next strip's rows need no prefetch by hand (asking for them
-// into L2, a share before each tile, was level or slower). The sums are the same either way.
+// read by the microkernel itself, a strip of MR rows at a time against every B panel; the strip's
+// rows (MR x kc floats, 28 KiB at 14 x 512) stay in L1 across its tiles as a packed panel would.
 template <class Arch, int MR, int NV>
-void sgemm_macro_strips(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a, float *abuf,
-                        const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias) {
+void sgemm_macro_in_place(int64_t mc, int64_t nc, int64_t kc, const float *a, int64_t rs_a, int64_t cs_a,
+                          const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias) {
     for (int64_t q = 0, n_strips = strip_count(mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows
         const int64_t i = strip_start(mc, MR, q), mr = strip_start(mc, MR, q + 1) - i;
-        if (!abuf) {
-            sgemm_strip_packed<Arch, MR, NV, Layout::strided>(mr, nc, kc, a + i * rs_a, rs_a, cs_a, bp, c + i * ldc, ldc,
-                                                              alpha, beta, bias);
-            continue;
-        }
-        pack_panels<Arch, MR>(mr, kc, a + i * rs_a, rs_a, cs_a, abuf);
-        sgemm_strip_packed<Arch, MR, NV>(mr, nc, kc, abuf, 1, MR, bp, c + i * ldc, ldc, alpha, beta, bias);
+        sgemm_strip_packed<Arch, MR, NV, Layout::strided>(mr, nc, kc, a + i * rs_a, rs_a, cs_a, bp, c + i * ldc, ldc,
+                                                          alpha, beta, bias);
     }
 }
 
