@@ -9,11 +9,19 @@
 //                                (the FMA probe does no loads; this loop does MR broadcasts and NV
 //                                loads a step)
 //   gemm_parts/<kernel>/macro    the macro loop over a packed 1024 x KC block of A (from L3) and a
-//                                KC x NC block of B (in L2), into 1024 rows of a 1024-column C
+//                                KC x NC block of B (in L2), into 1024 rows of a 1024-column C:
+//                                the path of a transposed A
+//   gemm_parts/<kernel>/macro_in_place  the same loop reading a row-major A (lda 1024) where it
+//                                lies: the path of every A stored as is (the projections)
 //   gemm_parts/<kernel>/pack_a   packing 1024 x KC of a row-major A (lda 1024) into MR-row panels
+//                                (what a transposed A's block costs, in the gentler layout)
 //   gemm_parts/<kernel>/pack_b   packing KC x NC of a row-major B (ldb 1024) into NR-column panels
 // Counters: GFLOPS and peak_fraction (of the FMA probe measured here), or GBps of the operand read.
-// Against the whole GEMM (bench_gemm, mha-bench), the gap between macro and the GEMM is packing.
+// Against the whole GEMM (bench_gemm, mha-bench), the gap between macro_in_place and the GEMM is
+// B's packing. At lda 1024 (rows 4 KiB apart, a strip's rows on one L1 set) macro_in_place reads
+// about one to two pack_a times below macro; at lda 1040 level with it (Xeon, 2026-11-26: 2761 vs
+// 2601 us and 2935 vs 2648 us at 1024, pack_a 162 us; 2594 vs 2610 us at 1040). The whole GEMM
+// packed A once per B block (n / NC times), which reading it in place saves.
 
 #include <benchmark/benchmark.h>
 
@@ -93,6 +101,14 @@ void register_parts(const gemm::SgemmKernel &uk, const TileConfig &t) {
         for (auto _ : st) {
             p->uk.macro_packed(Parts::kRows, p->nc, p->kc, p->ap.data(), p->bp.data(), p->c.data(), Parts::kLd, 1.0f,
                                0.0f, nullptr);
+            benchmark::DoNotOptimize(p->c.data());
+        }
+        flops_counters(st, 2.0 * static_cast<double>(Parts::kRows * p->nc * p->kc));
+    })->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((base + "macro_in_place" + tiles).c_str(), [p](benchmark::State &st) {
+        for (auto _ : st) {
+            p->uk.macro_in_place(Parts::kRows, p->nc, p->kc, p->a.data(), Parts::kLd, 1, p->bp.data(), p->c.data(),
+                                 Parts::kLd, 1.0f, 0.0f, nullptr);
             benchmark::DoNotOptimize(p->c.data());
         }
         flops_counters(st, 2.0 * static_cast<double>(Parts::kRows * p->nc * p->kc));
