@@ -14,11 +14,15 @@
 #include "gemm/prepacked.hpp"
 #include "gemm/sgemm_kernels.hpp"
 #include "mha/gemm.hpp"
+#include "gemm_test_util.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"
 
 using namespace mha;
+using mha::test::default_tiles;
+using mha::test::host_kernels;
 using mha::test::kSentinel;
+using mha::test::small_tiles;
 
 namespace {
 
@@ -85,42 +89,6 @@ int64_t differing(const std::vector<float> &x, const std::vector<float> &y, int6
             count += std::memcmp(&x[at], &y[at], sizeof(float)) != 0;
         }
     return count;
-}
-
-// Every microkernel this CPU can run, with its ISA.
-std::vector<const gemm::SgemmKernel *> host_kernels() {
-    std::vector<const gemm::SgemmKernel *> v;
-    for (const auto &k : gemm::all_sgemm_kernels())
-        if (cpu_supports(k.isa)) v.push_back(&k);
-    return v;
-}
-
-// A runtime on this kernel with small blocks, so modest sizes cross every MC/KC/NC boundary.
-RuntimeOptions small_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
-    RuntimeOptions o;
-    o.num_threads = threads;
-    o.isa = uk.isa;
-    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
-    t.gemm_ukernel = uk.name;
-    t.mc = 2 * uk.mr;
-    t.kc = 16;
-    t.nc = 2 * uk.nr;
-    t.sup_max_n = uk.nr;
-    t.sup_max_k = 8;
-    o.tiles = t;
-    return o;
-}
-
-RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
-    RuntimeOptions o;
-    o.num_threads = threads;
-    o.isa = uk.isa;
-    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
-    t.gemm_ukernel = uk.name;
-    t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
-    t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
-    o.tiles = t;
-    return o;
 }
 
 } // namespace

@@ -56,6 +56,29 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc);
 
+/* op(B) packed once for many products against it (a weight): k x n, transb and ldb as for
+ * mha_sgemm ('N': B stored k x n, ldb >= n; 'T': stored n x k, ldb >= k). B is copied into the
+ * panels the runtime's GEMM microkernel reads, so each mha_sgemm_packed_b call packs nothing of B;
+ * no pointer to b is kept. The packed B is tied to the microkernel and depth blocking of the
+ * runtime that packed it: a runtime with another ISA or tile config refuses it (MHA_INVALID_ARGUMENT,
+ * with a message). It is never changed after mha_sgemm_pack_b returns, so many host threads may
+ * use one at the same time. Bad input (transb not 'N' or 'T', k or n negative, ldb too small, b
+ * NULL with k, n > 0, sizes that overflow) gets MHA_INVALID_ARGUMENT and *out = NULL. */
+typedef struct mha_packed_b mha_packed_b;
+mha_status mha_sgemm_pack_b(mha_runtime *rt, char transb, int64_t k, int64_t n, const float *b, int64_t ldb,
+                            mha_packed_b **out);
+void mha_packed_b_destroy(mha_packed_b *b); /* NULL is fine */
+/* *bytes = the size of the packed copy. */
+mha_status mha_packed_b_bytes(const mha_packed_b *b, uint64_t *bytes);
+
+/* C = alpha * op(A) * B + beta * C with B packed by mha_sgemm_pack_b: op(A) is m x k (transa and
+ * lda as for mha_sgemm) and C m x n, k and n those B was packed with. The same bits as mha_sgemm
+ * with the same arguments and B as it was stored, for any thread count, and a row of C the same
+ * bits whatever m is. beta == 0 means C is not read. Bad input as for mha_sgemm, and a B packed by
+ * a runtime of another ISA or tile config, gets MHA_INVALID_ARGUMENT and writes nothing. */
+mha_status mha_sgemm_packed_b(mha_runtime *rt, char transa, int64_t m, float alpha, const float *a, int64_t lda,
+                              const mha_packed_b *b, float beta, float *c, int64_t ldc);
+
 /* y[r, :] = softmax(x[r, :]) for each of rows rows of cols values; x == y (same ld) is allowed.
  * -INFINITY entries get probability 0; a row of only -INFINITY gets all zeros; a NaN makes its row
  * NaN (and +INFINITY too, as +inf - +inf is NaN). Rows are max-subtracted, so logits up to +-3e38

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "gemm/prepacked.hpp"
 #include "runtime/validate.hpp"
@@ -433,13 +435,19 @@ void in_arena(RuntimeState &s, double flops, const Fn &fn) {
     s.arena->execute(fn);
 }
 
+// Refuses a B packed for another microkernel or depth blocking than the runtime's (`what`: the
+// operand in the message, `remedy`: what to do about it).
+void check_packed_for(const RuntimeState &s, const PackedB &b, const char *what, const char *remedy) {
+    if (b.kernel != s.sgemm->name || (b.k > 0 && b.kc != depth_block(s.tiles, b.k)))
+        invalid_argument(std::string(what) + " were packed for microkernel " + b.kernel + " with depth blocks of " +
+                         std::to_string(b.kc) + ", but this runtime uses " + s.sgemm->name + " with " +
+                         std::to_string(depth_block(s.tiles, std::max<int64_t>(b.k, 1))) + " (kc = " +
+                         std::to_string(s.tiles.kc) + "); " + remedy);
+}
+
 void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int64_t lda, const PackedB &b, int64_t j0,
                      const float *bias, float *c, int64_t ldc, Epilogue act, bool one_thread) {
-    if (b.kernel != s.sgemm->name || b.kc != depth_block(s.tiles, b.k))
-        invalid_argument("the weights were packed for microkernel " + b.kernel + " with depth blocks of " +
-                         std::to_string(b.kc) + ", but this runtime uses " + s.sgemm->name + " with " +
-                         std::to_string(depth_block(s.tiles, b.k)) + " (kc = " + std::to_string(s.tiles.kc) + ")" +
-                         "; build the layer with a runtime of the same ISA and tile config");
+    check_packed_for(s, b, "the weights", "build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
     auto run = [&] {
         sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias, act},
@@ -449,12 +457,13 @@ void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int6
     in_arena(s, 2.0 * m * n * b.k, run);
 }
 
+void check_trans(const char *name, Trans t) {
+    if (t != Trans::N && t != Trans::T)
+        invalid_argument(std::string(name) + " must be 'N' or 'T', got '" + std::string(1, static_cast<char>(t)) + "'");
+}
+
 void check_sgemm_args(Trans transa, Trans transb, int64_t m, int64_t n, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, const float *c, int64_t ldc) {
-    auto check_trans = [](const char *name, Trans t) {
-        if (t != Trans::N && t != Trans::T)
-            invalid_argument(std::string(name) + " must be 'N' or 'T', got '" + std::string(1, static_cast<char>(t)) + "'");
-    };
     check_trans("transa", transa);
     check_trans("transb", transb);
     check_size("m", m);
@@ -501,6 +510,62 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
         sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);
+    });
+}
+
+SgemmPackedB::SgemmPackedB(Runtime &rt, Trans transb, int64_t k, int64_t n, const float *b, int64_t ldb) {
+    using namespace gemm;
+    check_trans("transb", transb);
+    check_size("k", k);
+    check_size("n", n);
+    const bool tb = transb == Trans::T;
+    check_matrix("b", "ldb", b, tb ? n : k, tb ? k : n, ldb, k > 0 && n > 0);
+    auto &s = rt.state();
+    // The packed copy holds k x round_up(n, NR) floats: refuse what no allocation could hold.
+    int64_t floats = 0;
+    if (n > INT64_MAX - s.sgemm->nr || __builtin_mul_overflow(k, round_up(n, s.sgemm->nr), &floats) ||
+        floats > INT64_MAX / 8)
+        invalid_argument("b: " + std::to_string(k) + " x " + std::to_string(n) + " packed overflows the address space");
+    if ((tb ? n : k) == 1) ldb = tb ? k : n;  // one stored row: its leading dimension is never used (see sgemm)
+    auto packed = std::make_unique<PackedB>();
+    if (k > 0 && n > 0) {
+        *packed = pack_b(s, k, n, b, tb ? 1 : ldb, tb ? ldb : 1);
+    } else {
+        packed->kernel = s.sgemm->name;
+        packed->k = k;
+        packed->n = n;
+        packed->nr = s.sgemm->nr;
+        packed->kc = k > 0 ? depth_block(s.tiles, k) : 0;
+    }
+    packed_ = std::move(packed);
+}
+
+SgemmPackedB::~SgemmPackedB() = default;
+SgemmPackedB::SgemmPackedB(SgemmPackedB &&) noexcept = default;
+SgemmPackedB &SgemmPackedB::operator=(SgemmPackedB &&) noexcept = default;
+int64_t SgemmPackedB::k() const { return packed_->k; }
+int64_t SgemmPackedB::n() const { return packed_->n; }
+size_t SgemmPackedB::bytes() const { return packed_->data.size() * sizeof(float); }
+
+void sgemm(Runtime &rt, Trans transa, int64_t m, float alpha, const float *a, int64_t lda, const SgemmPackedB &b,
+           float beta, float *c, int64_t ldc) {
+    using namespace gemm;
+    const PackedB &p = b.packed();
+    const int64_t n = p.n, k = p.k;
+    check_trans("transa", transa);
+    check_size("m", m);
+    const bool ta = transa == Trans::T;
+    check_matrix("a", "lda", a, ta ? k : m, ta ? m : k, lda, m > 0 && n > 0);
+    check_matrix("c", "ldc", c, m, n, ldc);
+    auto &s = rt.state();
+    check_packed_for(s, p, "B's panels", "pack B with a runtime of the same ISA and tile config");
+    if (m == 0 || n == 0) return;
+    if (k == 0 || alpha == 0.0f) return scale_c(m, n, beta, c, ldc);
+    if ((ta ? k : m) == 1) lda = ta ? m : k;  // as in sgemm: one stored row
+    if (m == 1) ldc = n;
+    const Operand A = ta ? Operand{a, 1, lda} : Operand{a, lda, 1};
+    in_arena(s, 2.0 * m * n * k, [&] {
+        sgemm_packed(s, m, n, k, A, Operand{nullptr, 0, 0}, Output{c, ldc, alpha, beta}, Prepacked{&p, 0});
     });
 }
 

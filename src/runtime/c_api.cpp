@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "mha/attention.hpp"
 #include "mha/encoder.hpp"
@@ -20,6 +21,11 @@
 struct mha_runtime {
     mha::Runtime rt;
     explicit mha_runtime(const mha::RuntimeOptions &o) : rt(o) {}
+};
+
+struct mha_packed_b {
+    mha::SgemmPackedB b;
+    explicit mha_packed_b(mha::SgemmPackedB &&p) : b(std::move(p)) {}
 };
 
 struct mha_layer {
@@ -214,6 +220,35 @@ mha_status mha_sgemm(mha_runtime *rt, char transa, char transb, int64_t m, int64
     return guarded([&] {
         mha::sgemm(runtime_of(rt), static_cast<mha::Trans>(transa), static_cast<mha::Trans>(transb), m, n, k,
                    alpha, a, lda, b, ldb, beta, c, ldc);
+    });
+}
+
+mha_status mha_sgemm_pack_b(mha_runtime *rt, char transb, int64_t k, int64_t n, const float *b, int64_t ldb,
+                            mha_packed_b **out) {
+    return guarded([&] {
+        if (!out) mha::invalid_argument("out is NULL");
+        *out = nullptr;
+        mha::SgemmPackedB packed(runtime_of(rt), static_cast<mha::Trans>(transb), k, n, b, ldb);
+        *out = new mha_packed_b(std::move(packed));
+    });
+}
+
+void mha_packed_b_destroy(mha_packed_b *b) { delete b; }
+
+mha_status mha_packed_b_bytes(const mha_packed_b *b, uint64_t *bytes) {
+    return guarded([&] {
+        if (!b) mha::invalid_argument("b is NULL");
+        if (!bytes) mha::invalid_argument("bytes is NULL");
+        *bytes = b->b.bytes();
+    });
+}
+
+mha_status mha_sgemm_packed_b(mha_runtime *rt, char transa, int64_t m, float alpha, const float *a, int64_t lda,
+                              const mha_packed_b *b, float beta, float *c, int64_t ldc) {
+    return guarded([&] {
+        mha::Runtime &r = runtime_of(rt);
+        if (!b) mha::invalid_argument("b is NULL");
+        mha::sgemm(r, static_cast<mha::Trans>(transa), m, alpha, a, lda, b->b, beta, c, ldc);
     });
 }
 

@@ -1,0 +1,51 @@
+// The GEMM tests' runtimes: every microkernel the host can run, at its default tiles or at tiles
+// small enough that modest sizes cross every block boundary.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "gemm/sgemm_kernels.hpp"
+#include "mha/isa.hpp"
+#include "mha/runtime.hpp"
+#include "mha/tile_config.hpp"
+
+namespace mha::test {
+
+// Every microkernel this CPU can run, with its ISA.
+inline std::vector<const gemm::SgemmKernel *> host_kernels() {
+    std::vector<const gemm::SgemmKernel *> v;
+    for (const auto &k : gemm::all_sgemm_kernels())
+        if (cpu_supports(k.isa)) v.push_back(&k);
+    return v;
+}
+
+// A runtime on this kernel with small blocks, so modest sizes cross every MC/KC/NC boundary.
+inline RuntimeOptions small_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+    RuntimeOptions o;
+    o.num_threads = threads;
+    o.isa = uk.isa;
+    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
+    t.gemm_ukernel = uk.name;
+    t.mc = 2 * uk.mr;
+    t.kc = 16;
+    t.nc = 2 * uk.nr;
+    t.sup_max_n = uk.nr;
+    t.sup_max_k = 8;
+    o.tiles = t;
+    return o;
+}
+
+inline RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+    RuntimeOptions o;
+    o.num_threads = threads;
+    o.isa = uk.isa;
+    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
+    t.gemm_ukernel = uk.name;
+    t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
+    t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
+    o.tiles = t;
+    return o;
+}
+
+} // namespace mha::test
