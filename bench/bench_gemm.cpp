@@ -29,12 +29,17 @@ enum class Impl { mha, onednn, openblas };
 void run(benchmark::State &state, const bench::GemmShape &s, int threads, Impl impl) {
     Operands x(s);
     std::unique_ptr<Runtime> rt;
+    std::unique_ptr<SgemmPackedB> packed;  // a weight's way: B packed once, outside the timed calls
     if (impl == Impl::mha) rt = std::make_unique<Runtime>(RuntimeOptions{threads, {}, {}, {}});
+    if (rt && s.packed_b) packed = std::make_unique<SgemmPackedB>(*rt, static_cast<Trans>(s.tb), s.k, s.n, x.b.data(), x.ldb(s));
     for (auto _ : state) {
         switch (impl) {
         case Impl::mha:
-            sgemm(*rt, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, x.a.data(), x.lda(s),
-                  x.b.data(), x.ldb(s), 0.0f, x.c.data(), s.n);
+            if (packed)
+                sgemm(*rt, static_cast<Trans>(s.ta), s.m, 1.0f, x.a.data(), x.lda(s), *packed, 0.0f, x.c.data(), s.n);
+            else
+                sgemm(*rt, static_cast<Trans>(s.ta), static_cast<Trans>(s.tb), s.m, s.n, s.k, 1.0f, x.a.data(),
+                      x.lda(s), x.b.data(), x.ldb(s), 0.0f, x.c.data(), s.n);
             break;
         case Impl::onednn:
             bench::dnnl_sgemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, x.a.data(), x.lda(s), x.b.data(), x.ldb(s),

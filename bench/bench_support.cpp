@@ -73,6 +73,11 @@ const std::vector<GemmShape> &gemm_shapes() {
         // in chunks of depth by every strip at once (see gemm::chunked_rows).
         {"few rows", 'N', 'N', 16, 1024, 1024, false},
         {"few rows", 'N', 'N', 32, 1024, 1024, false},
+        // A weight packed once (SgemmPackedB) for every product against it: the projection and a
+        // decode step's tokens, against the same products packing B per call.
+        {"packed B", 'N', 'T', 4096, 1536, 512, false, true},
+        {"packed B", 'N', 'T', 16, 1536, 512, false, true},
+        {"packed B", 'N', 'T', 1, 1536, 512, false, true},
     };
     return shapes;
 }

@@ -18,6 +18,7 @@ struct GemmShape {
     char ta, tb;
     int64_t m, n, k;
     bool quick;         // part of the --quick run
+    bool packed_b = false;  // B packed once (mha::SgemmPackedB) before the timed calls, a weight's way
     double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
     std::string str() const;  // "1024x1024x1024 NT"
 };
