@@ -17,6 +17,16 @@ int main(void) {
     for (int i = 0; i < 4; ++i) bad |= fabsf(c[i] - want[i]) > 1e-5f;
     if (mha_sgemm(rt, 'Z', 'N', 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2) != MHA_INVALID_ARGUMENT) bad = 1;
 
+    /* The same product with B packed once, as a weight is. */
+    mha_packed_b *pb = NULL;
+    float cp[2 * 2] = {0, 0, 0, 0};
+    uint64_t bytes = 0;
+    bad |= mha_sgemm_pack_b(rt, 'N', 3, 2, b, 2, &pb) != MHA_OK;
+    bad |= mha_sgemm_packed_b(rt, 'N', 2, 1.0f, a, 3, pb, 0.0f, cp, 2) != MHA_OK;
+    bad |= mha_packed_b_bytes(pb, &bytes) != MHA_OK || bytes < 3 * 2 * sizeof(float);
+    for (int i = 0; i < 4; ++i) bad |= cp[i] != c[i];
+    mha_packed_b_destroy(pb);
+
     /* A one-head layer, E = 2, identity projections and no biases, on one token: the attention
        over a single key returns its value, so out = x. */
     const float eye[4] = {1, 0, 0, 1};
