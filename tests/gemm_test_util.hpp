@@ -20,32 +20,36 @@ inline std::vector<const gemm::SgemmKernel *> host_kernels() {
     return v;
 }
 
-// A runtime on this kernel with small blocks, so modest sizes cross every MC/KC/NC boundary.
-inline RuntimeOptions small_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+// A runtime of `threads` on this kernel, at its default tiles as adjust(tiles) leaves them.
+template <class Adjust>
+RuntimeOptions kernel_runtime(const gemm::SgemmKernel &uk, int threads, const Adjust &adjust) {
     RuntimeOptions o;
     o.num_threads = threads;
     o.isa = uk.isa;
     TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
     t.gemm_ukernel = uk.name;
-    t.mc = 2 * uk.mr;
-    t.kc = 16;
-    t.nc = 2 * uk.nr;
-    t.sup_max_n = uk.nr;
-    t.sup_max_k = 8;
+    adjust(t);
     o.tiles = t;
     return o;
 }
 
+// A runtime on this kernel with small blocks, so modest sizes cross every MC/KC/NC boundary.
+inline RuntimeOptions small_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
+    return kernel_runtime(uk, threads, [&](TileConfig &t) {
+        t.mc = 2 * uk.mr;
+        t.kc = 16;
+        t.nc = 2 * uk.nr;
+        t.sup_max_n = uk.nr;
+        t.sup_max_k = 8;
+    });
+}
+
+// The defaults, MC and NC rounded to the kernel's MR and NR.
 inline RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1) {
-    RuntimeOptions o;
-    o.num_threads = threads;
-    o.isa = uk.isa;
-    TileConfig t = default_tile_config(uk.isa, detect_cache_sizes());
-    t.gemm_ukernel = uk.name;
-    t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
-    t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
-    o.tiles = t;
-    return o;
+    return kernel_runtime(uk, threads, [&](TileConfig &t) {
+        t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
+        t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
+    });
 }
 
 } // namespace mha::test
