@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gemm_test_util.hpp"
@@ -127,6 +128,23 @@ TEST_CASE("B packed once: a row of C has the same bits whatever m is") {
                 CHECK(std::memcmp(part.data(), all.data() + i0 * o.ldc, static_cast<size_t>(rows * o.ldc - 2) * sizeof(float)) == 0);
             }
     }
+}
+
+TEST_CASE("B packed once: 8 host threads share one runtime and one packed B") {
+    Runtime rt(RuntimeOptions{2, {}, {}, {}});
+    const int64_t m = 150, n = 170, k = 700;
+    const auto a = test::random_floats(static_cast<size_t>(m * k), 1), b = test::random_floats(static_cast<size_t>(k * n), 2);
+    const SgemmPackedB pb(rt, Trans::N, k, n, b.data(), n);
+    std::vector<float> want(static_cast<size_t>(m * n));
+    sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
+    std::vector<std::vector<float>> got(8, std::vector<float>(static_cast<size_t>(m * n)));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep < 5; ++rep) sgemm(rt, Trans::N, m, 1.0f, a.data(), k, pb, 0.0f, got[t].data(), n);
+        });
+    for (auto &th : threads) th.join();
+    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
 }
 
 TEST_CASE("B packed once: empty sizes, k = 0 (C = beta C) and alpha = 0 (A unread)") {

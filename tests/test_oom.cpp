@@ -210,7 +210,7 @@ TEST_CASE("out of memory: creating a runtime") {
     }
 }
 
-TEST_CASE("out of memory: sgemm, softmax and attention") {
+TEST_CASE("out of memory: sgemm (B packed once too), softmax and attention") {
     const int64_t m = 70, n = 90, k = 130;
     const auto a = random_floats(m * k, 11), b = random_floats(k * n, 12);
     const auto x = random_floats(37 * 300, 13);
@@ -227,6 +227,19 @@ TEST_CASE("out of memory: sgemm, softmax and attention") {
                 return mha_sgemm(rt, 'N', 'N', m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
             },
             m * n, "sgemm");
+        // B packed once (as a weight), then the product against it: a failure in either leaves
+        // *out NULL and C as it was.
+        check_call(
+            threads,
+            [&](mha_runtime *rt, std::vector<float> &c) {
+                mha_packed_b *pb = nullptr;
+                mha_status st = mha_sgemm_pack_b(rt, 'N', k, n, b.data(), n, &pb);
+                if (st != MHA_OK) return pb == nullptr ? st : MHA_INTERNAL;
+                st = mha_sgemm_packed_b(rt, 'N', m, 1.0f, a.data(), k, pb, 0.0f, c.data(), n);
+                mha_packed_b_destroy(pb);
+                return st;
+            },
+            m * n, "sgemm with B packed once");
         check_call(
             threads, [&](mha_runtime *rt, std::vector<float> &y) { return mha_softmax(rt, 37, 300, x.data(), 300, y.data(), 300); },
             37 * 300, "softmax", false);
