@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gemm_test_util.hpp"
@@ -163,6 +164,13 @@ TEST_CASE("B packed once: empty sizes, k = 0 (C = beta C) and alpha = 0 (A unrea
     sgemm(rt, Trans::N, 3, 0.0f, a.data(), 4, pb, 0.0f, c.data(), 5);
     for (float x : c) CHECK(x == 0.0f);
     sgemm(rt, Trans::N, 0, 1.0f, nullptr, 4, pb, 0.0f, nullptr, 5);  // m = 0: a valid empty call
+    SgemmPackedB moved(rt, Trans::N, 4, 5, b.data(), 5);
+    const SgemmPackedB taken(std::move(moved));
+    CHECK(taken.n() == 5);
+    CHECK_THROWS_WITH_AS(sgemm(rt, Trans::N, 3, 1.0f, a.data(), 4, moved, 0.0f, c.data(), 5),  // NOLINT(bugprone-use-after-move)
+                         doctest::Contains("moved from"), Error);
+    CHECK_THROWS_AS((void)moved.k(), Error);  // NOLINT(bugprone-use-after-move)
+    for (float x : c) CHECK(x == 0.0f);
 }
 
 TEST_CASE("B packed once is refused by a runtime with another kernel or KC, and bad input writes nothing") {

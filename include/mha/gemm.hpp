@@ -29,10 +29,11 @@ public:
     ~SgemmPackedB();
     SgemmPackedB(SgemmPackedB &&) noexcept;
     SgemmPackedB &operator=(SgemmPackedB &&) noexcept;
+    // A moved-from SgemmPackedB throws mha::Error from these and from sgemm.
     int64_t k() const;
     int64_t n() const;
     size_t bytes() const;  // the packed copy's size
-    const gemm::PackedB &packed() const { return *packed_; }
+    const gemm::PackedB &packed() const;
 
 private:
     std::unique_ptr<gemm::PackedB> packed_;

@@ -543,9 +543,13 @@ SgemmPackedB::SgemmPackedB(Runtime &rt, Trans transb, int64_t k, int64_t n, cons
 SgemmPackedB::~SgemmPackedB() = default;
 SgemmPackedB::SgemmPackedB(SgemmPackedB &&) noexcept = default;
 SgemmPackedB &SgemmPackedB::operator=(SgemmPackedB &&) noexcept = default;
-int64_t SgemmPackedB::k() const { return packed_->k; }
-int64_t SgemmPackedB::n() const { return packed_->n; }
-size_t SgemmPackedB::bytes() const { return packed_->data.size() * sizeof(float); }
+const gemm::PackedB &SgemmPackedB::packed() const {
+    if (!packed_) invalid_argument("the SgemmPackedB was moved from: it holds no packed B");
+    return *packed_;
+}
+int64_t SgemmPackedB::k() const { return packed().k; }
+int64_t SgemmPackedB::n() const { return packed().n; }
+size_t SgemmPackedB::bytes() const { return packed().data.size() * sizeof(float); }
 
 void sgemm(Runtime &rt, Trans transa, int64_t m, float alpha, const float *a, int64_t lda, const SgemmPackedB &b,
            float beta, float *c, int64_t ldc) {
