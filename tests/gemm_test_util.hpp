@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <thread>
 #include <vector>
 
 #include "gemm/sgemm_kernels.hpp"
@@ -50,6 +52,20 @@ inline RuntimeOptions default_tiles(const gemm::SgemmKernel &uk, int threads = 1
         t.mc = std::max<int64_t>(t.mc / uk.mr * uk.mr, uk.mr);
         t.nc = std::max<int64_t>(t.nc / uk.nr * uk.nr, uk.nr);
     });
+}
+
+// Runs call(out) `reps` times on each of 8 host threads at once, each thread into an output of
+// its own (size floats), and returns the outputs, to compare with one call's bits.
+template <class Call>
+std::vector<std::vector<float>> on_host_threads(size_t size, int reps, const Call &call) {
+    std::vector<std::vector<float>> got(8, std::vector<float>(size));
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < got.size(); ++t)
+        threads.emplace_back([&, t] {
+            for (int rep = 0; rep < reps; ++rep) call(got[t].data());
+        });
+    for (auto &th : threads) th.join();
+    return got;
 }
 
 } // namespace mha::test

@@ -9,7 +9,6 @@
 #include <limits>
 #include <numeric>
 #include <string>
-#include <thread>
 
 #include "gemm/prepacked.hpp"
 #include "gemm/sgemm_kernels.hpp"
@@ -540,15 +539,10 @@ TEST_CASE("8 host threads share one runtime") {
     auto a = test::random_floats(static_cast<size_t>(m * k), 1), b = test::random_floats(static_cast<size_t>(k * n), 2);
     std::vector<float> want(static_cast<size_t>(m * n));
     sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
-    std::vector<std::vector<float>> got(8, std::vector<float>(static_cast<size_t>(m * n)));
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 8; ++t)
-        threads.emplace_back([&, t] {
-            for (int rep = 0; rep < 10; ++rep)
-                sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got[t].data(), n);
-        });
-    for (auto &th : threads) th.join();
-    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+    for (const auto &got : test::on_host_threads(want.size(), 10, [&](float *c) {
+             sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c, n);
+         }))
+        CHECK(test::same_bits(got, want));
 }
 
 TEST_CASE("tile configs that break a kernel constraint are refused, naming the field") {

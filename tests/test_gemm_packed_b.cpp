@@ -9,7 +9,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -138,14 +137,10 @@ TEST_CASE("B packed once: 8 host threads share one runtime and one packed B") {
     const SgemmPackedB pb(rt, Trans::N, k, n, b.data(), n);
     std::vector<float> want(static_cast<size_t>(m * n));
     sgemm(rt, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
-    std::vector<std::vector<float>> got(8, std::vector<float>(static_cast<size_t>(m * n)));
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 8; ++t)
-        threads.emplace_back([&, t] {
-            for (int rep = 0; rep < 5; ++rep) sgemm(rt, Trans::N, m, 1.0f, a.data(), k, pb, 0.0f, got[t].data(), n);
-        });
-    for (auto &th : threads) th.join();
-    for (int t = 0; t < 8; ++t) CHECK(test::same_bits(got[t], want));
+    for (const auto &got : test::on_host_threads(want.size(), 5, [&](float *c) {
+             sgemm(rt, Trans::N, m, 1.0f, a.data(), k, pb, 0.0f, c, n);
+         }))
+        CHECK(test::same_bits(got, want));
 }
 
 TEST_CASE("B packed once: empty sizes, k = 0 (C = beta C) and alpha = 0 (A unread)") {
