@@ -14,6 +14,7 @@ from ._mha import (  # noqa: F401
     EncoderLayer,
     KVCache,
     Layer,
+    PackedB,
     Runtime,
     attention,
     attention_varlen,
@@ -22,5 +23,5 @@ from ._mha import (  # noqa: F401
     softmax,
 )
 
-__all__ = ["Runtime", "default_runtime", "sgemm", "softmax", "attention", "attention_varlen", "KVCache",
+__all__ = ["Runtime", "default_runtime", "sgemm", "PackedB", "softmax", "attention", "attention_varlen", "KVCache",
            "Layer", "EncoderLayer"]

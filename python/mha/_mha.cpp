@@ -136,6 +136,10 @@ mha::Norm norm_of(const std::string &s) {
 }
 
 // Keeps the layers' runtime alive with them.
+struct PyPackedB {
+    std::shared_ptr<mha::Runtime> rt;  // the runtime it was packed for, kept alive and used by matmul
+    std::unique_ptr<mha::SgemmPackedB> b;
+};
 struct PyLayer {
     std::shared_ptr<mha::Runtime> rt;
     std::unique_ptr<mha::Layer> layer;
@@ -285,6 +289,56 @@ PYBIND11_MODULE(_mha, m) {
         py::arg("a"), py::arg("b"), py::kw_only(), py::arg("trans_a") = false, py::arg("trans_b") = false,
         py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::arg("c") = py::none(), py::arg("runtime") = nullptr,
         py::arg("copy") = false, "C = alpha op(a) op(b) + beta C (c is written in place when given).");
+
+    py::class_<PyPackedB>(m, "PackedB",
+        "op(b) (k x n) packed once for the runtime's GEMM microkernel, for many products against it (a "
+        "weight): b is (k, n), or (n, k) with trans_b (nn.Linear's weight: PackedB(w, trans_b=True)). The "
+        "packed copy is tied to its runtime's ISA and tile config, which matmul uses.")
+        .def(py::init([](const py::object &b_, bool trans_b, const std::shared_ptr<mha::Runtime> &runtime, bool copy) {
+                 PyPackedB p;
+                 mha::Runtime &rt = runtime_or_default(runtime, p.rt);
+                 FloatArray b = f32(b_, "b", copy);
+                 ndim(b, "b", 2, "(k, n), or (n, k) with trans_b");
+                 const int64_t k = trans_b ? b.shape(1) : b.shape(0), n = trans_b ? b.shape(0) : b.shape(1);
+                 const float *bp = b.data();
+                 {
+                     py::gil_scoped_release nogil;
+                     p.b = std::make_unique<mha::SgemmPackedB>(rt, trans_b ? mha::Trans::T : mha::Trans::N, k, n, bp,
+                                                               b.shape(1));
+                 }
+                 return p;
+             }),
+             py::arg("b"), py::kw_only(), py::arg("trans_b") = false, py::arg("runtime") = nullptr,
+             py::arg("copy") = false)
+        .def_property_readonly("k", [](const PyPackedB &p) { return p.b->k(); })
+        .def_property_readonly("n", [](const PyPackedB &p) { return p.b->n(); })
+        .def_property_readonly("nbytes", [](const PyPackedB &p) { return p.b->bytes(); })
+        .def(
+            "matmul",
+            [](const PyPackedB &p, const py::object &a_, bool trans_a, float alpha, float beta, const py::object &c_,
+               bool copy) {
+                FloatArray a = f32(a_, "a", copy);
+                ndim(a, "a", 2, "(m, k), or (k, m) with trans_a");
+                const int64_t m_ = trans_a ? a.shape(1) : a.shape(0), k = trans_a ? a.shape(0) : a.shape(1);
+                if (k != p.b->k())
+                    throw py::value_error("a and the packed b do not chain: op(a) is " + std::to_string(m_) + " x " +
+                                          std::to_string(k) + ", b is " + std::to_string(p.b->k()) + " x " +
+                                          std::to_string(p.b->n()));
+                if (c_.is_none() && beta != 0.0f) throw py::value_error("beta != 0 needs c");
+                FloatArray c = output(c_, "c", {m_, p.b->n()});
+                const float *ap = a.data();
+                float *cp = c.mutable_data();
+                const int64_t lda = a.shape(1), n = p.b->n();
+                {
+                    py::gil_scoped_release nogil;
+                    mha::sgemm(*p.rt, trans_a ? mha::Trans::T : mha::Trans::N, m_, alpha, ap, lda, *p.b, beta, cp, n);
+                }
+                return c;
+            },
+            py::arg("a"), py::kw_only(), py::arg("trans_a") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+            py::arg("c") = py::none(), py::arg("copy") = false,
+            "C = alpha op(a) b + beta C on the packed b's runtime: the bits of sgemm(a, b) (c is written in place "
+            "when given).");
 
     m.def(
         "softmax",

@@ -188,6 +188,28 @@ def test_sgemm_and_softmax_against_numpy():
         mha.sgemm(a, b)
 
 
+def test_packed_b_gives_sgemm_bits():
+    rt = mha.Runtime(threads=2)
+    w, x = rand(70, 600), rand(37, 600)  # w as nn.Linear stores a weight: (out, in)
+    pb = mha.PackedB(w, trans_b=True, runtime=rt)
+    assert (pb.k, pb.n) == (600, 70) and pb.nbytes >= 600 * 70 * 4
+    got = pb.matmul(x)
+    want = mha.sgemm(x, w, trans_b=True, runtime=rt)
+    assert got.tobytes() == want.tobytes()
+    close(got, x.astype(np.float64) @ w.T.astype(np.float64), 1e-4)
+    c = rand(37, 70)
+    c0 = c.copy()
+    res = pb.matmul(x.T.copy(), trans_a=True, alpha=0.5, beta=2.0, c=c)
+    assert np.shares_memory(res, c)
+    close(c, 0.5 * (x.astype(np.float64) @ w.T) + 2.0 * c0, 1e-4)
+    with pytest.raises(ValueError, match="chain"):
+        pb.matmul(rand(3, 599))
+    with pytest.raises(ValueError, match="beta"):
+        pb.matmul(x, beta=1.0)
+    with pytest.raises(TypeError, match="float32"):
+        mha.PackedB(w.astype(np.float64))
+
+
 def test_layer_against_numpy_reference():
     E, H, B, L = 16, 4, 2, 5
     w = {n: rand(E, E) * 0.5 for n in ("q", "k", "v", "o")}
