@@ -135,11 +135,12 @@ mha::Norm norm_of(const std::string &s) {
     throw py::value_error("norm must be 'none', 'post' or 'pre', got '" + s + "'");
 }
 
-// Keeps the layers' runtime alive with them.
+// A packed B with the runtime it was packed for, kept alive and used by matmul.
 struct PyPackedB {
-    std::shared_ptr<mha::Runtime> rt;  // the runtime it was packed for, kept alive and used by matmul
+    std::shared_ptr<mha::Runtime> rt;
     std::unique_ptr<mha::SgemmPackedB> b;
 };
+// Keeps the layers' runtime alive with them.
 struct PyLayer {
     std::shared_ptr<mha::Runtime> rt;
     std::unique_ptr<mha::Layer> layer;

@@ -23,7 +23,8 @@ struct PackedB {
     const float *block(int64_t pc, int64_t j) const { return data.data() + pc * n_padded + j * std::min(kc, k - pc); }
 };
 
-// Packs B (element (p, j) = b[p * rs + j * cs]) for the runtime's microkernel and KC.
+// Packs B (element (p, j) = b[p * rs + j * cs]) for the runtime's microkernel and KC; k or n may
+// be 0 (nothing to pack).
 PackedB pack_b(detail::RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs, int64_t cs);
 
 // C[0:m, 0:n] = A * B[:, j0:j0 + n] (+ bias[0:n] on every row, if not NULL), with A m x k at lda and

@@ -409,12 +409,13 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     const SgemmKernel &uk = *s.sgemm;
     PackedB p;
     p.kernel = uk.name;
-    p.kc = depth_block(s.tiles, k);
+    p.kc = k > 0 ? depth_block(s.tiles, k) : 0;
     p.k = k;
     p.n = n;
     p.nr = uk.nr;
     p.n_padded = round_up(n, uk.nr);
     p.data = detail::AlignedBuffer(static_cast<size_t>(std::max<int64_t>(1, k * p.n_padded)));
+    if (k == 0 || n == 0) return p;  // nothing to pack
     s.arena->execute([&] {
         for (int64_t pc = 0; pc < k; pc += p.kc) {
             const int64_t kc = std::min(p.kc, k - pc), panels = p.n_padded / uk.nr;
@@ -527,17 +528,7 @@ SgemmPackedB::SgemmPackedB(Runtime &rt, Trans transb, int64_t k, int64_t n, cons
         floats > INT64_MAX / 8)
         invalid_argument("b: " + std::to_string(k) + " x " + std::to_string(n) + " packed overflows the address space");
     if ((tb ? n : k) == 1) ldb = tb ? k : n;  // one stored row: its leading dimension is never used (see sgemm)
-    auto packed = std::make_unique<PackedB>();
-    if (k > 0 && n > 0) {
-        *packed = pack_b(s, k, n, b, tb ? 1 : ldb, tb ? ldb : 1);
-    } else {
-        packed->kernel = s.sgemm->name;
-        packed->k = k;
-        packed->n = n;
-        packed->nr = s.sgemm->nr;
-        packed->kc = k > 0 ? depth_block(s.tiles, k) : 0;
-    }
-    packed_ = std::move(packed);
+    packed_ = std::make_unique<PackedB>(pack_b(s, k, n, b, tb ? 1 : ldb, tb ? ldb : 1));
 }
 
 SgemmPackedB::~SgemmPackedB() = default;
