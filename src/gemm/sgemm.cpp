@@ -458,6 +458,16 @@ void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int6
     in_arena(s, 2.0 * m * n * b.k, run);
 }
 
+// The leading dimension to step a stored matrix by, op(X) being rows x cols (X stored as is for
+// N, transposed for T). A stored matrix of one row never uses its leading dimension, which may
+// then be anything up to INT64_MAX / 4; but the kernels step their pointers by it (past the end
+// after the last row), and such a step overflows the address space. The row's width serves the
+// same (same bits).
+int64_t stored_ld(Trans t, int64_t rows, int64_t cols, int64_t ld) {
+    const bool n = t == Trans::N;
+    return (n ? rows : cols) == 1 ? (n ? cols : rows) : ld;
+}
+
 void check_trans(const char *name, Trans t) {
     if (t != Trans::N && t != Trans::T)
         invalid_argument(std::string(name) + " must be 'N' or 'T', got '" + std::string(1, static_cast<char>(t)) + "'");
@@ -485,12 +495,9 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     check_sgemm_args(transa, transb, m, n, k, a, lda, b, ldb, c, ldc);
     if (m == 0 || n == 0) return;
     if (k == 0 || alpha == 0.0f) return scale_c(m, n, beta, c, ldc);
-    // A stored matrix of one row never uses its leading dimension, which may then be anything up to
-    // INT64_MAX / 4; but the kernels step their pointers by it (past the end after the last row),
-    // and such a step overflows the address space. The row's width serves the same (same bits).
-    if ((transa == Trans::N ? m : k) == 1) lda = transa == Trans::N ? k : m;
-    if ((transb == Trans::N ? k : n) == 1) ldb = transb == Trans::N ? n : k;
-    if (m == 1) ldc = n;
+    lda = stored_ld(transa, m, k, lda);
+    ldb = stored_ld(transb, k, n, ldb);
+    ldc = stored_ld(Trans::N, m, n, ldc);
     auto &s = rt.state();
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
@@ -527,7 +534,7 @@ SgemmPackedB::SgemmPackedB(Runtime &rt, Trans transb, int64_t k, int64_t n, cons
     if (n > INT64_MAX - s.sgemm->nr || __builtin_mul_overflow(k, round_up(n, s.sgemm->nr), &floats) ||
         floats > INT64_MAX / 8)
         invalid_argument("b: " + std::to_string(k) + " x " + std::to_string(n) + " packed overflows the address space");
-    if ((tb ? n : k) == 1) ldb = tb ? k : n;  // one stored row: its leading dimension is never used (see sgemm)
+    ldb = stored_ld(transb, k, n, ldb);
     packed_ = std::make_unique<PackedB>(pack_b(s, k, n, b, tb ? 1 : ldb, tb ? ldb : 1));
 }
 
@@ -556,8 +563,8 @@ void sgemm(Runtime &rt, Trans transa, int64_t m, float alpha, const float *a, in
     check_packed_for(s, p, "B's panels", "pack B with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
     if (k == 0 || alpha == 0.0f) return scale_c(m, n, beta, c, ldc);
-    if ((ta ? k : m) == 1) lda = ta ? m : k;  // as in sgemm: one stored row
-    if (m == 1) ldc = n;
+    lda = stored_ld(transa, m, k, lda);
+    ldc = stored_ld(Trans::N, m, n, ldc);
     const Operand A = ta ? Operand{a, 1, lda} : Operand{a, lda, 1};
     in_arena(s, 2.0 * m * n * k, [&] {
         sgemm_packed(s, m, n, k, A, Operand{nullptr, 0, 0}, Output{c, ldc, alpha, beta}, Prepacked{&p, 0});
