@@ -4,7 +4,10 @@
 // determinism (threads, batch), concurrency and bad input.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <xmmintrin.h>
 #include <fstream>
 #include <memory>
@@ -639,6 +642,83 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks, alone and together, against d
             }
 }
 
+TEST_CASE("in place (out == q): the bits of a separate out on every path; refused where it cannot hold") {
+    // Each path writes a row's output after its last read of that row's Q: one key tile, several
+    // (Q in panels), many chunks merged (the tiny tiles), strips with cached K/V tiles (Lq past a
+    // query block), keys split over threads (one item on 2 threads), the direct path (decode and a
+    // few rows), GQA, masks, odd head dims; with and without the score modifiers.
+    const Case cases[] = {
+        {"self, MHA", 2, 37, 37, 4, 4, 16, 16},
+        {"cross, several key tiles", 2, 5, 300, 2, 2, 32, 32},
+        {"Q in panels: three key tiles or more", 1, 40, 800, 2, 1, 16, 16},
+        {"strips with cached K/V tiles", 1, 300, 300, 4, 4, 8, 8, true},
+        {"one item, keys split over 2 threads", 1, 6, 700, 1, 1, 16, 16},
+        {"GQA, causal, all masks", 3, 11, 16, 4, 2, 12, 12, true, 1, 2},
+        {"odd head dim", 2, 6, 11, 3, 3, 5, 5},
+        {"head dim past a register tile", 1, 4, 9, 2, 2, 65, 65},
+        {"decode: one query", 3, 1, 50, 8, 2, 32, 32, true, 1},
+        {"a few rows (direct path)", 2, 3, 45, 4, 2, 16, 16},
+    };
+    const VariantSpec all = kVariants[std::size(kVariants) - 1];
+    for (int threads : {1, 2})
+        for (const RuntimeOptions &o : runtimes(threads))
+            for (const Case &c : cases)
+                for (bool variant : {false, true}) {
+                    CAPTURE(threads);
+                    CAPTURE(std::string(isa_name(*o.isa)));
+                    CAPTURE(o.tiles.has_value());
+                    CAPTURE(c.what);
+                    CAPTURE(variant);
+                    Runtime rt(o);
+                    Data d = make(c, 23);
+                    VariantData vd;
+                    if (variant) set_variant(all, c.H, vd, d.p.variant, d.rc);
+                    const int64_t Tq = c.B * c.Lq, w = c.H * c.D;
+                    std::vector<float> want(static_cast<size_t>(Tq * w), test::kSentinel);
+                    attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), want.data());
+                    for (int64_t ld : {w, w + 3}) {  // dense rows, and rows wider than the heads
+                        std::vector<float> x(static_cast<size_t>(Tq * ld), test::kSentinel);
+                        for (int64_t r = 0; r < Tq; ++r) std::copy(d.q.begin() + r * w, d.q.begin() + (r + 1) * w, x.begin() + r * ld);
+                        AttentionParams p = d.p;
+                        p.q_stride = p.out_stride = ld;
+                        attention(rt, p, x.data(), d.k.data(), d.v.data(), x.data());
+                        bool same = true, pad_kept = true;
+                        for (int64_t r = 0; r < Tq; ++r) {
+                            same &= std::memcmp(x.data() + r * ld, want.data() + r * w, static_cast<size_t>(w) * 4) == 0;
+                            for (int64_t j = w; j < ld; ++j) pad_kept &= x[static_cast<size_t>(r * ld + j)] == test::kSentinel;
+                        }
+                        CHECK(same);
+                        CHECK(pad_kept);
+                    }
+                }
+    // Refused, with nothing written: the weights (their pass reads Q after the outputs), value_dim
+    // != head_dim (a head's output would cover another head's Q), out_stride != q_stride.
+    Runtime rt(RuntimeOptions{1, {}, {}, {}});
+    const Case c{"refused", 2, 5, 7, 2, 1, 8, 8};
+    Data d = make(c, 3);
+    std::vector<float> w(static_cast<size_t>(c.B * c.H * c.Lq * c.Lk), test::kSentinel);
+    auto refused = [&](AttentionParams p, const char *needle) {
+        std::vector<float> x = d.q;
+        x.resize(x.size() * 2, test::kSentinel);  // room for the wider rows tried below
+        const std::vector<float> before = x;
+        CHECK_THROWS_WITH_AS(attention(rt, p, x.data(), d.k.data(), d.v.data(), x.data()), doctest::Contains(needle), Error);
+        CHECK(test::same_bits(x, before));
+        CHECK(std::all_of(w.begin(), w.end(), [](float f) { return f == test::kSentinel; }));
+    };
+    AttentionParams p = d.p;
+    p.weights = w.data();
+    refused(p, "no weights (weights is not NULL)");
+    p = d.p;
+    p.value_dim = 4;
+    refused(p, "value_dim == head_dim (got 4 and 8)");
+    p = d.p;
+    p.out_stride = c.H * c.D + 1;
+    refused(p, "the same row stride for q and out (got 16 and 17)");
+    p = d.p;
+    p.q_stride = c.H * c.D + 2;
+    refused(p, "(got 18 and 16)");
+}
+
 TEST_CASE("a panel's last P V written to the output already divided: the bits of the division after it") {
     // Without weights, a register panel's last P V of a query block whose keys are one chunk goes
     // straight to the output divided by the rows' sums (FusedAttention::pv_to_out, head by head,
@@ -840,6 +920,7 @@ TEST_CASE("mha_attention: bad input gets a status and a message, and out is left
     p = good(); expect(p, q.data(), nullptr, v.data(), out.data(), "k is NULL");
     p = good(); expect(p, q.data(), k.data(), nullptr, out.data(), "v is NULL");
     p = good(); expect(p, q.data(), k.data(), v.data(), nullptr, "out is NULL");
+    p = good(); p.value_dim = 3; expect(p, out.data(), k.data(), v.data(), out.data(), "in-place attention (out == q) needs value_dim");
     p = good(); p.q_len = INT64_C(1) << 40; p.head_dim = INT64_C(1) << 30; expect(p, q.data(), k.data(), v.data(), out.data(), "overflow");
     p = good(); p.variant.window = -1; expect(p, q.data(), k.data(), v.data(), out.data(), "variant.window");
     for (float cap : {-1.0f, NAN, INFINITY}) {

@@ -367,6 +367,12 @@ TEST_CASE("layer: same bits for 1 and 2 threads, and for a sequence alone or in 
         layer.forward(rt1, p, x.data(), nullptr, nullptr, o1.data());
         layer.forward(rt2, p, x.data(), nullptr, nullptr, o2.data());
         CHECK(test::same_bits(o1, o2));
+        // With the weights asked for, O goes to a buffer of its own instead of over Q: the same bits.
+        std::vector<float> ow(x.size()), weights(static_cast<size_t>(B * s.c.num_heads * L * L));
+        p.weights = weights.data();
+        layer.forward(rt1, p, x.data(), nullptr, nullptr, ow.data());
+        p.weights = nullptr;
+        CHECK(test::same_bits(o1, ow));
         p.batch = 1;
         for (int64_t b = 0; b < B; ++b) {
             std::vector<float> alone(static_cast<size_t>(L * E));

@@ -44,6 +44,11 @@ struct AttentionParams {
 // zero weights). Subnormal floats count as zero inside the call (FTZ and DAZ on the threads that
 // compute it; the caller's MXCSR is restored): an input or result below FLT_MIN in magnitude is 0.
 // The result is bitwise identical for any thread count and for a sequence alone or inside a batch.
+// In place: out may be q itself (out == q) when value_dim == head_dim, the row strides are equal
+// and weights is NULL; each query row's output is written after the call's last read of that row,
+// so the result has the same bits as into a buffer of its own (Layer::forward writes its attention
+// output over its Q this way). out == q otherwise is refused; no other overlap of out with q, k, v,
+// the mask or the weights is allowed.
 // Throws mha::Error on bad arguments, before writing anything.
 void attention(Runtime &rt, const AttentionParams &p, const float *q, const float *k, const float *v, float *out);
 

@@ -128,7 +128,11 @@ typedef struct mha_attention_params {
    threads that compute it, the caller's floating-point mode restored before it returns): an input
    or result below FLT_MIN in magnitude is 0.
    Fused: the q_len x kv_len score matrix is never stored. The result is bitwise identical for
-   any thread count and for a sequence alone or inside a batch. Bad input (sizes <= 0 where they
+   any thread count and for a sequence alone or inside a batch. out may be q itself (in place)
+   when value_dim == head_dim, the row strides are equal and weights is NULL: each query row's
+   output is written after the last read of that row, with the same bits as into a buffer of its
+   own; out == q otherwise gets MHA_INVALID_ARGUMENT. No other overlap of out with the inputs or
+   weights is allowed. Bad input (sizes <= 0 where they
    must be positive, num_heads not a multiple of num_kv_heads, a valid length outside [0, kv_len],
    a mask row stride below kv_len, NULL pointers, overflowing sizes) gets MHA_INVALID_ARGUMENT. */
 mha_status mha_attention(mha_runtime *rt, const mha_attention_params *p,

@@ -22,6 +22,12 @@
 // row's keys (see RowKernels::exp_store_sum); and P V adds each tile's ordered FMA chain, started
 // from zero, to the rescaled accumulator. K and V come from dense tensors (ragged or not) or from
 // the paged cache (Shape::kv_cache).
+//
+// In place (out == q, see attention.hpp): an item writes a query row's output only after its last
+// read of that row's Q (a panel's output after its last key tile's Q K^T, or finish() after every
+// chunk; Q packed or copied before any output otherwise), and an item's output columns are its
+// own heads' Q columns, which no other item reads. The weights' pass, which reads Q again after
+// finish(), is refused in place.
 #pragma once
 
 #include <algorithm>
