@@ -18,7 +18,9 @@ struct LayerFixture {
     std::unique_ptr<Layer> layer;
     LayerForward forward_params;
     AttentionParams attention_params;
-    AttentionParams layer_attention_params;  // on qkv as the layer lays it out: [T, q | k | v], rows 3E apart
+    // On qkv as the layer lays it out, [T, q | k | v] with rows 3E apart, the output over q (in
+    // place, as Layer::forward runs it).
+    AttentionParams layer_attention_params;
 
     LayerFixture(Runtime &rt, const LayerShape &s) : shape(s) {
         const int64_t E = s.embed, T = s.batch * s.len;
@@ -50,7 +52,7 @@ struct LayerFixture {
         attention_params.head_dim = attention_params.value_dim = E / s.heads;
         layer_attention_params = attention_params;
         layer_attention_params.q_stride = layer_attention_params.k_stride = layer_attention_params.v_stride = 3 * E;
-        layer_attention_params.out_stride = E;
+        layer_attention_params.out_stride = 3 * E;
     }
     void forward(Runtime &rt) { layer->forward(rt, forward_params, x.data(), nullptr, nullptr, out.data()); }
     // The attention step alone, on buffers of its own: repeated, it runs on what its previous call
@@ -58,14 +60,15 @@ struct LayerFixture {
     void attention_only(Runtime &rt) { attention(rt, attention_params, q.data(), k.data(), v.data(), o.data()); }
     // The attention step as the layer runs it: project_qkv() writes its input [T, q | k | v] as the
     // layer's QKV projection does (one GEMM against in_proj_weight^T, without the bias; untimed by
-    // the caller), then attention_in_layer() reads it from wherever that GEMM left it in the caches.
+    // the caller), then attention_in_layer() reads it from wherever that GEMM left it in the caches
+    // and writes its output over q.
     void project_qkv(Runtime &rt) {
         const int64_t E = shape.embed, T = shape.batch * shape.len;
         sgemm(rt, Trans::N, Trans::T, T, 3 * E, E, 1.0f, x.data(), E, w_in.data(), E, 0.0f, qkv.data(), 3 * E);
     }
     void attention_in_layer(Runtime &rt) {
         const int64_t E = shape.embed;
-        attention(rt, layer_attention_params, qkv.data(), qkv.data() + E, qkv.data() + 2 * E, o.data());
+        attention(rt, layer_attention_params, qkv.data(), qkv.data() + E, qkv.data() + 2 * E, qkv.data());
     }
     void onednn(int threads) {
         dnnl_layer(threads, shape, x.data(), w_in.data(), b_in.data(), w_out.data(), b_out.data(), out.data(), scratch,

@@ -997,6 +997,60 @@ TEST_CASE("bit-identity: mha_attention alone = varlen beside others = cached pre
         }
 }
 
+TEST_CASE("in place (out == q) through varlen and the cache (f32 and int8): the bits of a separate out; refused where Dv != Dqk") {
+    const Shape s{8, 2, 32, 32};
+    const int64_t row = s.o_row();
+    for (const Setup &su : cache_setups())
+        for (int threads : {1, 2}) {
+            CAPTURE(su.name);
+            CAPTURE(threads);
+            Rt rt(threads, su);
+            // Varlen: a long sequence (several key tiles and chunks), a few rows over many keys (the
+            // direct path), one with queries and no keys, and a short one.
+            {
+                const SeqData a(s, 300, 1101), b(s, 3, 300, 1102), e(s, 4, 0, 1103), f(s, 37, 1104);
+                Ragged rg(s);
+                for (const SeqData *d : {&a, &b, &e, &f}) rg.add(*d);
+                std::vector<float> want(sz(rg.total_q() * row), test::kSentinel);
+                rg.run(rt, true, want.data());
+                Ragged in_place = rg;
+                in_place.run(rt, true, in_place.q.data());
+                CHECK(test::same_bits(in_place.q, want));
+            }
+            // The cache: a prefill chunk beside another sequence's decode step, f32 and int8.
+            for (mha_dtype dtype : {MHA_F32, MHA_I8}) {
+                CAPTURE(static_cast<int>(dtype));
+                const int64_t bt = block_tokens_for(rt, s);
+                Cache c(rt, s, capacity(bt, {300, 60}), 0, dtype);
+                const SeqData t(s, 300, 1110), nb(s, 60, 1111);
+                append(rt, c, s, 1, t, 0, 300);
+                append(rt, c, s, 2, nb, 0, 60);
+                std::vector<float> q(nb.q.end() - s.q_row(), nb.q.end());  // the neighbour's last token, then 200 of t's
+                q.insert(q.end(), t.q.end() - 200 * s.q_row(), t.q.end());
+                std::vector<float> want(sz(201 * row), test::kSentinel);
+                REQUIRE_MESSAGE(cached(rt, c, {2, 1}, {0, 1, 201}, s.H, true, q.data(), want.data()) == MHA_OK, mha_last_error());
+                REQUIRE_MESSAGE(cached(rt, c, {2, 1}, {0, 1, 201}, s.H, true, q.data(), q.data()) == MHA_OK, mha_last_error());
+                CHECK(test::same_bits(q, want));
+            }
+        }
+    // Dv != Dqk: a head's output would cover another head's query; refused, nothing written.
+    Rt rt(1, best_default());
+    const Shape w{2, 1, 8, 4};
+    const SeqData d(w, 5, 1120);
+    Ragged rg(w);
+    rg.add(d);
+    const mha_varlen_params p = rg.params(false);
+    std::vector<float> x = rg.q;
+    CHECK(mha_attention_varlen(rt, &p, x.data(), rg.k.data(), rg.v.data(), x.data()) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("in-place attention (out == q) needs value_dim == head_dim") != std::string::npos);
+    CHECK(test::same_bits(x, rg.q));
+    Cache c(rt, w, capacity(block_tokens_for(rt, w), {5}));
+    append(rt, c, w, 1, d, 0, 5);
+    CHECK(cached(rt, c, {1}, {0, 5}, w.H, true, x.data(), x.data()) == MHA_INVALID_ARGUMENT);
+    CHECK(std::string(mha_last_error()).find("in-place attention (out == q) needs value_dim == head_dim") != std::string::npos);
+    CHECK(test::same_bits(x, rg.q));
+}
+
 TEST_CASE("variant: window, softcap, ALiBi, sinks through varlen and the cache (prefill, chunks, decode) = mha_attention") {
     const Shape s{8, 2, 32, 32};
     const int64_t L = 300, row = s.o_row();

@@ -257,7 +257,8 @@ typedef struct mha_varlen_params {
    out [total_q, num_heads, value_dim]; total_q = q_offsets[num_seqs]. A sequence with no queries is skipped;
    one with queries and no keys gets zeros. No padding is computed: work items are (sequence, KV head,
    query block), costliest first. Subnormals count as zero inside the attention, as in mha_attention
-   (so too in mha_attention_cached and in the layers' attention). */
+   (so too in mha_attention_cached and in the layers' attention). out may be q itself (in place) on
+   mha_attention's terms (value_dim == head_dim, equal row strides); so too in mha_attention_cached. */
 mha_status mha_attention_varlen(mha_runtime *rt, const mha_varlen_params *p,
                                 const float *q, const float *k, const float *v, float *out);
 

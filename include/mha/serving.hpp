@@ -30,6 +30,7 @@ struct VarlenParams {
 };
 
 // q [total_q, H, Dqk], k [total_kv, Hkv, Dqk], v [total_kv, Hkv, Dv] -> out [total_q, H, Dv].
+// out may be q itself (in place) on mha::attention's terms: Dv == Dqk and equal row strides.
 // Throws mha::Error naming the field on bad input, before writing anything.
 void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const float *k, const float *v,
                       float *out);
@@ -85,7 +86,7 @@ struct CachedParams {
     AttentionVariant variant;              // positions: a token's index in its sequence
 };
 
-// q [total_q, H, Dqk] -> out [total_q, H, Dv].
+// q [total_q, H, Dqk] -> out [total_q, H, Dv]; out may be q itself as in attention_varlen.
 void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, const float *q, float *out);
 
 } // namespace mha

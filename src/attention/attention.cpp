@@ -18,6 +18,19 @@
 namespace mha {
 namespace attention_detail {
 
+// In place (out == q): every query row's output is written after the call's last read of that
+// row, which holds only where each head's output lands on its own query (the kernels rely on it;
+// see attention_kernel.hpp).
+void check_in_place(const float *q, const float *out, int64_t head_dim, int64_t value_dim, int64_t ldq, int64_t ldo,
+                    bool weights) {
+    if (out != q) return;
+    if (value_dim != head_dim || ldq != ldo || weights)
+        invalid_argument("in-place attention (out == q) needs value_dim == head_dim (got " + std::to_string(value_dim) +
+                         " and " + std::to_string(head_dim) + "), the same row stride for q and out (got " +
+                         std::to_string(ldq) + " and " + std::to_string(ldo) + ") and no weights" +
+                         (weights ? " (weights is not NULL)" : ""));
+}
+
 const AttentionKernel &find_attention_kernel(std::string_view gemm_ukernel) {
     for (auto list : {attention_kernels_avx512(), attention_kernels_avx2()})
         for (const auto &k : list)
@@ -96,18 +109,9 @@ void attention_validate(const AttentionParams &p, const float *q, const float *k
     if (nk && !k) invalid_argument("k is NULL");
     if (nv && !v) invalid_argument("v is NULL");
     if (no && !out) invalid_argument("out is NULL");
-    // In place (out == q): every query row's output is written after the call's last read of that
-    // row, which holds only where each head's output lands on its own query (the kernels rely on
-    // it; see attention_kernel.hpp). The weights' pass reads Q again after the outputs.
-    if (no && out == q) {
-        const int64_t ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim,
-                      ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
-        if (p.value_dim != p.head_dim || ldq != ldo || p.weights)
-            invalid_argument("in-place attention (out == q) needs value_dim == head_dim (got " + std::to_string(p.value_dim) +
-                             " and " + std::to_string(p.head_dim) + "), the same row stride for q and out (got " +
-                             std::to_string(ldq) + " and " + std::to_string(ldo) + ") and no weights" +
-                             (p.weights ? " (weights is not NULL)" : ""));
-    }
+    if (no)
+        attention_detail::check_in_place(q, out, p.head_dim, p.value_dim, p.q_stride ? p.q_stride : p.num_heads * p.head_dim,
+                                         p.out_stride ? p.out_stride : p.num_heads * p.value_dim, p.weights);
     if (p.kv_valid_lens)
         for (int64_t b = 0; b < p.batch; ++b)
             if (p.kv_valid_lens[b] < 0 || p.kv_valid_lens[b] > p.kv_len)

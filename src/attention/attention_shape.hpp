@@ -182,6 +182,12 @@ struct AttentionKernel;
 void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s, const float *q, const float *k,
                    const float *v, float *out);
 
+// Refuses out == q (in place) unless each head's output lands on its own query: value_dim ==
+// head_dim, equal row strides (ldq, ldo: resolved, not 0) and no weights (their pass reads Q
+// after the outputs). Every entry point that runs the kernels allows it on these terms.
+void check_in_place(const float *q, const float *out, int64_t head_dim, int64_t value_dim, int64_t ldq, int64_t ldo,
+                    bool weights);
+
 // Floats of scratch one item needs (the same layout the kernels carve up).
 int64_t item_scratch_floats(const Shape &s, int mr, int nr);
 

@@ -256,29 +256,33 @@ struct Layer::Impl {
                                     cfg.embed_dim, out, cfg.embed_dim, norm_w(), norm_b(), cfg.norm_eps);
     }
     // Self-attention over `tokens` rows of x (sequences as `attend` sees them): [pre-norm], the fused
-    // QKV projection into [tokens, q | k | v], attend(qkv, o) writing O [tokens, H * Dv], the output
-    // projection, [Add & Norm]. Scratch is borrowed before anything is written.
+    // QKV projection into [tokens, q | k | v], attend(qkv, o, ldo) writing O [tokens, H * Dv] (rows
+    // ldo apart: over Q where Dv == Dqk, as in forward()), the output projection, [Add & Norm].
+    // Scratch is borrowed before anything is written.
     // positions: each token's position for RoPE (NULL without it).
     template <class Attend>
     void self_rows(detail::RuntimeState &st, int64_t tokens, const float *x, float *y, const int64_t *positions,
                    const Attend &attend) const {
         const int64_t Hq = cfg.num_heads * cfg.value_dim, E = cfg.embed_dim;
-        const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"), o_floats = product({tokens, Hq}, "O");
+        const bool o_over_q = cfg.value_dim == cfg.head_dim;
+        const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"),
+                      o_floats = o_over_q ? 0 : product({tokens, Hq}, "O"), o_ld = o_over_q ? qkv_width : Hq;
         const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
         const int64_t xn_floats = cfg.norm == Norm::pre ? n_floats : 0;
         const bool own_proj = cfg.norm != Norm::none && overlaps(x, y, tokens, E);
         auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + (own_proj ? n_floats : 0) + xn_floats));
-        float *rows = scratch.data(), *os = rows + q_floats, *xn = os + o_floats, *proj = own_proj ? xn + xn_floats : y;
+        float *rows = scratch.data(), *os = o_over_q ? rows : rows + q_floats, *xn = rows + q_floats + o_floats,
+              *proj = own_proj ? xn + xn_floats : y;
         const float *residual = x;
         if (cfg.norm == Norm::pre && tokens) {
             pre_norm(st, tokens, x, xn);
             x = xn;
         }
         project_qkv(st, tokens, x, rows, qkv_width, positions);
-        attend(static_cast<const float *>(rows), os);
+        attend(static_cast<const float *>(rows), os, o_ld);
         if (!tokens) return;
-        if (cfg.norm == Norm::none) return gemm::sgemm_prepacked(st, tokens, E, os, Hq, out, 0, out_proj.bias, y, E);
-        gemm::sgemm_prepacked(st, tokens, E, os, Hq, out, 0, out_proj.bias, proj, E);
+        if (cfg.norm == Norm::none) return gemm::sgemm_prepacked(st, tokens, E, os, o_ld, out, 0, out_proj.bias, y, E);
+        gemm::sgemm_prepacked(st, tokens, E, os, o_ld, out, 0, out_proj.bias, proj, E);
         add_norm(st, tokens, residual, proj, y);
     }
 
@@ -584,7 +588,6 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         detail::check_matrix("x", "embed_dim", x, tokens, c.embed_dim, c.embed_dim);
         detail::check_matrix("out", "embed_dim", out, tokens, c.embed_dim, c.embed_dim);
     }
-    const int64_t Hq = product({c.num_heads, c.value_dim}, "out");
     // Whatever fails after the append (the memory for the attention or the output projection)
     // takes it back, so a failed call leaves the cache as it found it.
     // RoPE: a new token's position is its index in its sequence (the cached length before it).
@@ -597,7 +600,7 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
                 positions[static_cast<size_t>(t)] = base + t - p.q_offsets[s];
         }
     }
-    auto append_and_attend = [&](const float *qkv, float *os) {
+    auto append_and_attend = [&](const float *qkv, float *os, int64_t o_ld) {
         // Every sequence's K and V go in, or (not enough free blocks) none and nothing is written.
         std::vector<KVCache::Impl::Append> appends;
         for (int64_t s = 0; s < p.num_seqs; ++s) {
@@ -616,7 +619,7 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         ap.causal = p.causal;
         ap.variant = c.variant;
         ap.q_stride = m.qkv_width;
-        ap.out_stride = Hq;
+        ap.out_stride = o_ld;
         attention_cached(rt, cache, ap, qkv, os);
     };
     try {
@@ -659,7 +662,8 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
         for (int64_t s = 0; s < p.num_seqs; ++s)
             for (int64_t t = p.offsets[s]; t < p.offsets[s + 1]; ++t) positions[static_cast<size_t>(t)] = t - p.offsets[s];
     }
-    m.self_rows(st, tokens, x, out, c.rope.dims ? positions.data() : nullptr, [&](const float *qkv, float *os) {
+    m.self_rows(st, tokens, x, out, c.rope.dims ? positions.data() : nullptr, [&](const float *qkv, float *os, int64_t o_ld) {
+        ap.out_stride = o_ld;
         if (tokens) attention_varlen(rt, ap, qkv, qkv + m.k_off, qkv + m.v_off, os);
     });
 }

@@ -84,6 +84,9 @@ void attention_varlen_validate(const VarlenParams &p, const float *q, const floa
     check_tensor("k", k, total_kv, wk, row_stride("k_stride", p.k_stride, wk));
     check_tensor("v", v, total_kv, wv, row_stride("v_stride", p.v_stride, wv));
     check_tensor("out", out, total_q, wo, row_stride("out_stride", p.out_stride, wo));
+    if (total_q > 0)
+        attention_detail::check_in_place(q, out, p.head_dim, p.value_dim, row_stride("q_stride", p.q_stride, wq),
+                                         row_stride("out_stride", p.out_stride, wo), false);
     resolved_scale(p.scale, p.head_dim);
     attention_variant_validate(p.variant, p.num_heads);
 }
@@ -124,6 +127,7 @@ void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, 
     const int64_t ldq = p.q_stride ? p.q_stride : wq, ldo = p.out_stride ? p.out_stride : wo;
     check_tensor("q", q, total_q, wq, ldq);
     check_tensor("out", out, total_q, wo, ldo);
+    if (total_q > 0) attention_detail::check_in_place(q, out, cfg.head_dim, cfg.value_dim, ldq, ldo, false);
     const float scale = resolved_scale(p.scale, cfg.head_dim);
     attention_variant_validate(p.variant, p.num_heads);
     if (cfg.window > 0 && (p.variant.window == 0 || p.variant.window > cfg.window))
