@@ -255,6 +255,13 @@ struct Layer::Impl {
         layer_detail::add_norm_rows(st, cfg.norm == Norm::post, rows, cfg.embed_dim, x, cfg.embed_dim, proj,
                                     cfg.embed_dim, out, cfg.embed_dim, norm_w(), norm_b(), cfg.norm_eps);
     }
+    // Whether the attention writes O over Q (in place, see attention.hpp): where each head's value
+    // and query widths agree and no weights are asked for. O's rows then land where the attention
+    // has just read Q, not in lines of their own that other work has pushed out of the caches by
+    // the next call, and the scratch holds no O. Xeon, 1 thread, E512 H8, layer calls 25 ms apart,
+    // the same bits: B8 L128 15.4 -> 14.8 ms, B4 L512 39.4 -> 37.4 ms.
+    bool o_over_q(bool weights) const { return cfg.value_dim == cfg.head_dim && !weights; }
+
     // Self-attention over `tokens` rows of x (sequences as `attend` sees them): [pre-norm], the fused
     // QKV projection into [tokens, q | k | v], attend(qkv, o, ldo) writing O [tokens, H * Dv] (rows
     // ldo apart: over Q where Dv == Dqk, as in forward()), the output projection, [Add & Norm].
@@ -264,14 +271,14 @@ struct Layer::Impl {
     void self_rows(detail::RuntimeState &st, int64_t tokens, const float *x, float *y, const int64_t *positions,
                    const Attend &attend) const {
         const int64_t Hq = cfg.num_heads * cfg.value_dim, E = cfg.embed_dim;
-        const bool o_over_q = cfg.value_dim == cfg.head_dim;
+        const bool over_q = o_over_q(false);
         const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"),
-                      o_floats = o_over_q ? 0 : product({tokens, Hq}, "O"), o_ld = o_over_q ? qkv_width : Hq;
+                      o_floats = over_q ? 0 : product({tokens, Hq}, "O"), o_ld = over_q ? qkv_width : Hq;
         const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
         const int64_t xn_floats = cfg.norm == Norm::pre ? n_floats : 0;
         const bool own_proj = cfg.norm != Norm::none && overlaps(x, y, tokens, E);
         auto scratch = st.pool.borrow(static_cast<size_t>(q_floats + o_floats + (own_proj ? n_floats : 0) + xn_floats));
-        float *rows = scratch.data(), *os = o_over_q ? rows : rows + q_floats, *xn = rows + q_floats + o_floats,
+        float *rows = scratch.data(), *os = over_q ? rows : rows + q_floats, *xn = rows + q_floats + o_floats,
               *proj = own_proj ? xn + xn_floats : y;
         const float *residual = x;
         if (cfg.norm == Norm::pre && tokens) {
@@ -472,19 +479,15 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     }
 
     // Scratch: the projections (self-attention: one [tokens, q | k | v] matrix; otherwise Q, then
-    // K and V) and, unless it goes over Q (below), the attention's output O, all borrowed before
-    // anything is written.
+    // K and V) and, unless it goes over Q (see o_over_q), the attention's output O, all borrowed
+    // before anything is written.
     auto &st = rt.state();
     const bool one_gemm = self && m.fused;
     const int64_t q_ld = one_gemm ? m.qkv_width : round_up(m.nq, 16);
     const int64_t kv_ld = one_gemm ? m.qkv_width : round_up(m.nk, 16) + round_up(m.nv, 16);
-    // The attention writes its output O over Q (in place, see attention.hpp) unless its heads'
-    // value and query widths differ or the weights are asked for: O's rows are then written where
-    // the attention has just read Q, not into cold lines (Xeon, 1 thread, E512 H8, layer calls 25 ms
-    // apart: B8 L128 14.8 against 15.4 ms, B4 L512 37.4 against 39.4 ms).
-    const bool o_over_q = c.value_dim == c.head_dim && !p.weights;
+    const bool over_q = m.o_over_q(p.weights != nullptr);
     const int64_t q_floats = product({q_tokens, q_ld}, "Q"), kv_floats = one_gemm ? 0 : product({kv_tokens, kv_ld}, "K and V"),
-                  o_floats = o_over_q ? 0 : product({q_tokens, Hq}, "O"), o_ld = o_over_q ? q_ld : Hq;
+                  o_floats = over_q ? 0 : product({q_tokens, Hq}, "O"), o_ld = over_q ? q_ld : Hq;
     AttentionParams ap;
     ap.batch = p.batch;
     ap.q_len = p.q_len;
@@ -518,7 +521,7 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
         static_cast<size_t>(q_floats + kv_floats + o_floats + (own_proj ? n_floats : 0) + xn_floats));
     float *qs = scratch.data(), *ks = one_gemm ? qs + m.k_off : qs + q_floats, *vs = one_gemm ? qs + m.v_off
                                                                                             : ks + round_up(m.nk, 16);
-    float *os = o_over_q ? qs : qs + q_floats + kv_floats, *xn = qs + q_floats + kv_floats + o_floats,
+    float *os = over_q ? qs : qs + q_floats + kv_floats, *xn = qs + q_floats + kv_floats + o_floats,
           *proj = own_proj ? xn + xn_floats : out;
     attention_validate(ap, qs, ks, vs, os);  // the masks and valid lengths, before anything is written
     const float *residual = query;
