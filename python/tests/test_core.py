@@ -102,6 +102,20 @@ def test_attention_out_is_written_in_place():
     close(out, ref_attention(q, k, v)[0])
 
 
+def test_attention_out_may_be_q_itself():
+    # in place: the bits of a separate out (GQA, causal); refused with the weights
+    q, k, v = rand(2, 37, 4, 16), rand(2, 37, 2, 16), rand(2, 37, 2, 16)
+    want = mha.attention(q, k, v, causal=True)
+    x = q.copy()
+    res = mha.attention(x, k, v, causal=True, out=x)
+    assert np.shares_memory(res, x)
+    assert np.array_equal(x.view(np.uint32), want.view(np.uint32))
+    x = q.copy()
+    with pytest.raises(ValueError, match="in-place attention"):
+        mha.attention(x, k, v, need_weights=True, out=x)
+    assert np.array_equal(x, q)
+
+
 def test_bad_input_raises_naming_the_argument():
     q, k, v = rand(1, 4, 2, 8), rand(1, 4, 2, 8), rand(1, 4, 2, 8)
     with pytest.raises(TypeError, match=r"\bq\b.*float32.*float64"):
