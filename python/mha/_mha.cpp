@@ -421,7 +421,7 @@ PYBIND11_MODULE(_mha, m) {
         "(B, Lq, H, Dv), or (out, weights (B, H, Lq, Lk)) with need_weights. Score modifiers (query i at "
         "position p = i + Lk - Lq, key j at j): window W > 0 keeps keys j > p - W; softcap C > 0 gives "
         "s = C tanh(s / C); alibi_slopes (H,) adds slope[h] (j - p); sinks (H,) adds exp(sink[h] - max) to "
-        "each row's softmax denominator.");
+        "each row's softmax denominator. out may be q itself (Dv == D, without need_weights).");
 
     m.def(
         "attention_varlen",
