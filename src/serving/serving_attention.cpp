@@ -80,13 +80,13 @@ void attention_varlen_validate(const VarlenParams &p, const float *q, const floa
     const int64_t total_kv = detail::check_offsets("kv_offsets", p.kv_offsets, p.num_seqs);
     const int64_t wq = checked_mul(p.num_heads, p.head_dim, "q"), wk = checked_mul(p.num_kv_heads, p.head_dim, "k"),
                   wv = checked_mul(p.num_kv_heads, p.value_dim, "v"), wo = checked_mul(p.num_heads, p.value_dim, "out");
-    check_tensor("q", q, total_q, wq, row_stride("q_stride", p.q_stride, wq));
+    const int64_t ldq = row_stride("q_stride", p.q_stride, wq);
+    check_tensor("q", q, total_q, wq, ldq);
     check_tensor("k", k, total_kv, wk, row_stride("k_stride", p.k_stride, wk));
     check_tensor("v", v, total_kv, wv, row_stride("v_stride", p.v_stride, wv));
-    check_tensor("out", out, total_q, wo, row_stride("out_stride", p.out_stride, wo));
-    if (total_q > 0)
-        attention_detail::check_in_place(q, out, p.head_dim, p.value_dim, row_stride("q_stride", p.q_stride, wq),
-                                         row_stride("out_stride", p.out_stride, wo), false);
+    const int64_t ldo = row_stride("out_stride", p.out_stride, wo);
+    check_tensor("out", out, total_q, wo, ldo);
+    if (total_q > 0) attention_detail::check_in_place(q, out, p.head_dim, p.value_dim, ldq, ldo, false);
     resolved_scale(p.scale, p.head_dim);
     attention_variant_validate(p.variant, p.num_heads);
 }
