@@ -12,6 +12,7 @@
 
 #include "gemm/prepacked.hpp"
 #include "gemm/sgemm_kernels.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "mha/gemm.hpp"
 #include "gemm_test_util.hpp"
 #include "reference.hpp"
@@ -201,6 +202,39 @@ TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN")
                         }
         }
     }
+}
+
+TEST_CASE("both AVX-512 packing transposes (shuffles, inserts) give the same bits: B^T and A^T packed, few rows against B^T") {
+    // Transpose::columns is under every transposing pack (B^T, A^T) and the few-rows path against
+    // B^T; its two forms (gemm/transpose_variant.hpp) must move the same floats. Shapes whose
+    // transposed operands end in partial 16 x 16 blocks (rows 1-15 of a block, depths past a
+    // multiple of 16) and whole ones, 1-9 rows against B^T (transposed in registers), odd leading
+    // dimensions; every kernel, small and default tiles; against double under each form, and the
+    // two results bit for bit.
+    const gemm::TransposeVariant saved = gemm::transpose_variant();
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
+            for (char ta : {'N', 'T'})
+                for (char tb : {'N', 'T'})
+                    for (auto [m, n, k] : {std::tuple{1, 7, 48}, {5, 13, 40}, {9, 33, 17}, {16, 16, 16}, {20, 17, 33},
+                                           {37, 45, 29}, {3, 100, 64}, {uk->mr * 3, uk->nr * 2 + 5, 70}}) {
+                        GemmCase g;
+                        g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+                        g.pad_a = 3; g.pad_b = 5; g.pad_c = 1;
+                        g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
+                        std::vector<float> c[2];
+                        for (int v = 0; v < 2; ++v) {
+                            gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
+                            c[v] = check_gemm(rt, g);
+                        }
+                        CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
+                    }
+        }
+    }
+    gemm::set_transpose_variant(saved);
 }
 
 TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {

@@ -8,6 +8,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "gemm/transpose_variant.hpp"
+
 namespace mha::gemm {
 namespace {
 
@@ -27,7 +29,40 @@ struct Transpose<xsimd::avx512f> {
         for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
     }
     // The block's columns in registers: r[t] lane i = src[i * ld + t] for rows i < g, zero past.
+    // Either of the two forms (see transpose_variant.hpp); the same registers from both.
     [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m512 r[16]) {
+        if (transpose_variant() == TransposeVariant::inserts)
+            columns_by_inserts(src, ld, g, r);
+        else
+            columns_by_shuffles(src, ld, g, r);
+    }
+    // Column 4q + s, lane 4p + u is element s of row 4p + u's 128-bit chunk q. The loads put chunk q
+    // of rows u, 4 + u, 8 + u, 12 + u into the four 128-bit lanes of x[u] (the cross-lane half of
+    // the transpose, done by the load ports), then a 4 x 4 transpose within each lane across x[0..3]
+    // gives columns 4q .. 4q + 3: 32 shuffles a block, and 48 inserts that need not use the shuffle
+    // port. Rows from g on are read from a zero row.
+    [[gnu::always_inline]] static void columns_by_inserts(const float *src, int64_t ld, int g, __m512 r[16]) {
+        alignas(64) static constexpr float zero[16] = {};
+        const float *row[16];
+        for (int i = 0; i < 16; ++i) row[i] = i < g ? src + i * ld : zero;
+        for (int q = 0; q < 4; ++q) {
+            __m512 x[4];
+            for (int u = 0; u < 4; ++u) {
+                __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(row[u] + 4 * q));
+                v = _mm512_insertf32x4(v, _mm_loadu_ps(row[4 + u] + 4 * q), 1);
+                v = _mm512_insertf32x4(v, _mm_loadu_ps(row[8 + u] + 4 * q), 2);
+                x[u] = _mm512_insertf32x4(v, _mm_loadu_ps(row[12 + u] + 4 * q), 3);
+            }
+            const __m512 t0 = _mm512_unpacklo_ps(x[0], x[1]), t1 = _mm512_unpackhi_ps(x[0], x[1]);
+            const __m512 t2 = _mm512_unpacklo_ps(x[2], x[3]), t3 = _mm512_unpackhi_ps(x[2], x[3]);
+            r[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+            r[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+            r[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+            r[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+        }
+    }
+    // 16 row loads, then 64 shuffles: in-lane 4 x 4 transposes, then the 128-bit lanes exchanged.
+    [[gnu::always_inline]] static void columns_by_shuffles(const float *src, int64_t ld, int g, __m512 r[16]) {
         __m512 t[16];
         for (int i = 0; i < 16; ++i) r[i] = i < g ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
         for (int i = 0; i < 16; i += 2) {

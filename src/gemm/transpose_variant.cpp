@@ -1,0 +1,25 @@
+#include "gemm/transpose_variant.hpp"
+
+#include <cpuid.h>
+
+namespace mha::gemm {
+
+TransposeVariant default_transpose_variant() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
+    return amd ? TransposeVariant::shuffles : TransposeVariant::inserts;
+}
+
+std::atomic<int> g_transpose_variant{static_cast<int>(default_transpose_variant())};
+
+void set_transpose_variant(TransposeVariant v) { g_transpose_variant.store(static_cast<int>(v), std::memory_order_relaxed); }
+
+const char *transpose_variant_name(TransposeVariant v) { return v == TransposeVariant::inserts ? "inserts" : "shuffles"; }
+
+std::optional<TransposeVariant> parse_transpose_variant(std::string_view name) {
+    if (name == "shuffles") return TransposeVariant::shuffles;
+    if (name == "inserts") return TransposeVariant::inserts;
+    return std::nullopt;
+}
+
+} // namespace mha::gemm
