@@ -9,8 +9,10 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "gemm/transpose_variant.hpp"
 #include "mha/mha.h"
 
 namespace {
@@ -101,6 +103,26 @@ TEST_CASE("MHA_ISA selects or refuses an ISA") {
     CHECK(mha_runtime_create(1, &rt) == MHA_OK);
     mha_runtime_destroy(rt);
     unsetenv("MHA_ISA");
+}
+
+TEST_CASE("MHA_TRANSPOSE selects or refuses the packing's transpose, for the whole process") {
+    const mha::gemm::TransposeVariant saved = mha::gemm::transpose_variant();
+    mha_runtime *rt = nullptr;
+    setenv("MHA_TRANSPOSE", "rotate", 1);
+    CHECK(mha_runtime_create(1, &rt) == MHA_INVALID_ARGUMENT);
+    CHECK(rt == nullptr);
+    CHECK(contains(mha_last_error(), "MHA_TRANSPOSE"));
+    CHECK(mha::gemm::transpose_variant() == saved);  // refused: nothing changed
+    for (auto [name, want] : {std::pair{"shuffles", mha::gemm::TransposeVariant::shuffles},
+                              {"inserts", mha::gemm::TransposeVariant::inserts}}) {
+        setenv("MHA_TRANSPOSE", name, 1);
+        REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
+        CHECK(mha::gemm::transpose_variant() == want);
+        mha_runtime_destroy(rt);
+        rt = nullptr;
+    }
+    unsetenv("MHA_TRANSPOSE");
+    mha::gemm::set_transpose_variant(saved);
 }
 
 TEST_CASE("mha_sgemm computes, and every bad input gets a status and a message and leaves C untouched") {
