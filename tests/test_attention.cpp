@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "attention/attention_shape.hpp"
-#include "gemm/transpose_variant.hpp"
 #include "mha/attention.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
@@ -281,36 +280,6 @@ TEST_CASE("Q packed in panels for blocks that walk three key tiles or more: the 
             CHECK(test::same_bits(packed, in_place.out));
         }
     }
-}
-
-TEST_CASE("both AVX-512 packing transposes (shuffles, inserts): K^T packed by either gives the same bits") {
-    // K^T's packing goes through Transpose::columns (16 keys x 16 of the head dimension a block,
-    // fewer at a tile's edge); the two forms must move the same floats. Every case against double
-    // under each, and the two outputs (and weights) bit for bit; rows 4 KiB apart too, and keys
-    // and head dims that leave partial blocks.
-    const Case extra[] = {{"rows 4 KiB apart, partial blocks", 1, 20, 45, 8, 8, 128, 24},
-                          {"head dim 17, 300 keys", 2, 9, 300, 2, 1, 17, 16, true}};
-    std::vector<Case> cases(std::begin(kCases), std::end(kCases));
-    cases.insert(cases.end(), std::begin(extra), std::end(extra));
-    const gemm::TransposeVariant saved = gemm::transpose_variant();
-    for (const auto &o : runtimes(1)) {
-        Runtime rt(o);
-        for (const auto &c : cases) {
-            CAPTURE(std::string(isa_name(*o.isa)));
-            CAPTURE(o.tiles.has_value());
-            CAPTURE(c.what);
-            Result r[2];
-            for (int v = 0; v < 2; ++v) {
-                gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
-                check(c, o);
-                Data d = make(c, 31);
-                r[v] = run(rt, c, d);
-            }
-            CHECK(test::same_bits(r[0].out, r[1].out));
-            CHECK(test::same_bits(r[0].w, r[1].w));
-        }
-    }
-    gemm::set_transpose_variant(saved);
 }
 
 TEST_CASE("the unfused path (GEMM, softmax, GEMM) agrees with the fused one") {

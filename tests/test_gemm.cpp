@@ -204,34 +204,36 @@ TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN")
     }
 }
 
-TEST_CASE("both AVX-512 packing transposes (shuffles, inserts) give the same bits: B^T and A^T packed, few rows against B^T") {
-    // Transpose::columns is under every transposing pack (B^T, A^T) and the few-rows path against
-    // B^T; its two forms (gemm/transpose_variant.hpp) must move the same floats. Shapes whose
-    // transposed operands end in partial 16 x 16 blocks (rows 1-15 of a block, depths past a
-    // multiple of 16) and whole ones, 1-9 rows against B^T (transposed in registers), odd leading
-    // dimensions; every kernel, small and default tiles; against double under each form, and the
-    // two results bit for bit.
+TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
+    // From 5 rows macro_bt_rows transposes B^T's blocks with either form of Transpose's columns
+    // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
+    // floats. Every row count the path takes and the ones around it, columns that leave partial
+    // blocks (1-15 rows of a 16 x 16 block, 1-7 of an 8 x 8 one) and whole ones, depths below,
+    // at and past a block, beta 0 and 1, an odd ldb; small and default tiles; against double
+    // under each form, and the two results bit for bit.
     const gemm::TransposeVariant saved = gemm::transpose_variant();
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
-            for (char ta : {'N', 'T'})
-                for (char tb : {'N', 'T'})
-                    for (auto [m, n, k] : {std::tuple{1, 7, 48}, {5, 13, 40}, {9, 33, 17}, {16, 16, 16}, {20, 17, 33},
-                                           {37, 45, 29}, {3, 100, 64}, {uk->mr * 3, uk->nr * 2 + 5, 70}}) {
-                        GemmCase g;
-                        g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
-                        g.pad_a = 3; g.pad_b = 5; g.pad_c = 1;
-                        g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
-                        std::vector<float> c[2];
-                        for (int v = 0; v < 2; ++v) {
-                            gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
-                            c[v] = check_gemm(rt, g);
+            for (int64_t m = 1; m <= 10; ++m)
+                for (int64_t n : {1, 7, 15, 16, 17, 33, 100})
+                    for (int64_t k : {1, 15, 16, 17, 40})
+                        for (float beta : {0.0f, 1.0f}) {
+                            GemmCase g;
+                            g.tb = 'T';
+                            g.m = m; g.n = n; g.k = k; g.beta = beta;
+                            g.pad_b = 3; g.pad_c = 1;
+                            g.nan_in_c = beta == 0.0f;
+                            g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
+                            std::vector<float> c[2];
+                            for (int v = 0; v < 2; ++v) {
+                                gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
+                                c[v] = check_gemm(rt, g);
+                            }
+                            CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
                         }
-                        CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
-                    }
         }
     }
     gemm::set_transpose_variant(saved);

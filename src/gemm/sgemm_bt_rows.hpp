@@ -20,10 +20,21 @@
 
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/transpose.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "simd/fmadd.hpp"
 
 namespace mha::gemm {
 namespace {
+
+// From how many rows the tiles transpose B^T with columns_by_inserts where the CPU takes it (see
+// transpose_variant.hpp): each block's W column vectors then feed M FMAs each, and from about 5
+// rows the shuffle port, which the FMAs share, is what bounds the loop; with fewer rows the loads
+// are, and the inserts' 4 loads a row cost more than their shuffles save. Intel Xeon (AMX), 1
+// thread, m x 1536 x 512 NT (B^T from L3), inserts against shuffles, the median of 41
+// interleaved rounds: AVX-512 1-4 rows 0.98-1.00x, 5 rows 1.15x, 6 1.19x, 7 1.34x, 8 1.26x, 9
+// 1.19x (with B^T in L2, m x 512 x 512: 2 rows 0.93x, 4 rows 0.90x, 8 rows 1.19x); AVX2 1-2 rows
+// 0.99-1.00x, 4-8 rows 1.03-1.07x.
+constexpr int kInsertsFromRows = 5;
 
 // C[0:M, 0:cols] = A B or A B + C (accumulate) for cols <= W: B^T's rows [0, cols) at bt (ldbt
 // apart, k floats each), A^T packed in at (k x W: at[p W + i] = A(i, p)).
@@ -40,7 +51,10 @@ void bt_rows_tile(int64_t cols, int64_t k, const float *at, const float *bt, int
     int64_t p0 = 0;
     for (; p0 + L <= k; p0 += L) {
         typename V::register_type col[L];  // col[q] lane r = B^T(r, p0 + q), zero past the rows
-        Transpose<Arch>::columns(bt + p0, ldbt, rows, col);
+        if (M >= kInsertsFromRows && transpose_variant() == TransposeVariant::inserts)
+            Transpose<Arch>::columns_by_inserts(bt + p0, ldbt, rows, col);
+        else
+            Transpose<Arch>::columns(bt + p0, ldbt, rows, col);
         const float *ap = at + p0 * W;
 #pragma GCC unroll 16
         for (int q = 0; q < L; ++q)

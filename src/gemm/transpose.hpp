@@ -8,8 +8,6 @@
 
 #include <xsimd/xsimd.hpp>
 
-#include "gemm/transpose_variant.hpp"
-
 namespace mha::gemm {
 namespace {
 
@@ -28,15 +26,8 @@ struct Transpose<xsimd::avx512f> {
         const __mmask16 mask = static_cast<__mmask16>((1u << g) - 1u);
         for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
     }
-    // The block's columns in registers: r[t] lane i = src[i * ld + t] for rows i < g, zero past.
-    // Either of the two forms (see transpose_variant.hpp); the same registers from both.
-    [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m512 r[16]) {
-        if (transpose_variant() == TransposeVariant::inserts)
-            columns_by_inserts(src, ld, g, r);
-        else
-            columns_by_shuffles(src, ld, g, r);
-    }
-    // Column 4q + s, lane 4p + u is element s of row 4p + u's 128-bit chunk q. The loads put chunk q
+    // The same registers as columns(), with half its shuffles (see transpose_variant.hpp): column
+    // 4q + s, lane 4p + u is element s of row 4p + u's 128-bit chunk q. The loads put chunk q
     // of rows u, 4 + u, 8 + u, 12 + u into the four 128-bit lanes of x[u] (the cross-lane half of
     // the transpose, done by the load ports), then a 4 x 4 transpose within each lane across x[0..3]
     // gives columns 4q .. 4q + 3: 32 shuffles a block, and 48 inserts that need not use the shuffle
@@ -61,8 +52,9 @@ struct Transpose<xsimd::avx512f> {
             r[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
         }
     }
+    // The block's columns in registers: r[t] lane i = src[i * ld + t] for rows i < g, zero past.
     // 16 row loads, then 64 shuffles: in-lane 4 x 4 transposes, then the 128-bit lanes exchanged.
-    [[gnu::always_inline]] static void columns_by_shuffles(const float *src, int64_t ld, int g, __m512 r[16]) {
+    [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m512 r[16]) {
         __m512 t[16];
         for (int i = 0; i < 16; ++i) r[i] = i < g ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
         for (int i = 0; i < 16; i += 2) {
@@ -112,7 +104,28 @@ struct Transpose<xsimd::fma3<xsimd::avx2>> {
                 _mm256_maskstore_ps(dst + i * dst_ld, mask, t[i]);
         }
     }
+    // The same registers as columns(), built as the AVX-512 form builds them: chunk q of rows u and
+    // 4 + u loaded into the two 128-bit lanes of x[u], then 4 x 4 transposes within the lanes: 16
+    // shuffles a block and 8 inserts, not 24 shuffles. Rows from g on are read from a zero row.
+    [[gnu::always_inline]] static void columns_by_inserts(const float *src, int64_t ld, int g, __m256 t[8]) {
+        alignas(32) static constexpr float zero[8] = {};
+        const float *row[8];
+        for (int i = 0; i < 8; ++i) row[i] = i < g ? src + i * ld : zero;
+        for (int q = 0; q < 2; ++q) {
+            __m256 x[4];
+            for (int u = 0; u < 4; ++u)
+                x[u] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(row[u] + 4 * q)),
+                                            _mm_loadu_ps(row[4 + u] + 4 * q), 1);
+            const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
+            t[4 * q] = _mm256_shuffle_ps(t0, t2, 0x44);
+            t[4 * q + 1] = _mm256_shuffle_ps(t0, t2, 0xee);
+            t[4 * q + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+            t[4 * q + 3] = _mm256_shuffle_ps(t1, t3, 0xee);
+        }
+    }
     // The block's columns in registers: t[c] lane i = src[i * ld + c] for rows i < g, zero past.
+    // 8 row loads, then 24 shuffles: in-lane 4 x 4 transposes, then the 128-bit lanes exchanged.
     [[gnu::always_inline]] static void columns(const float *src, int64_t ld, int g, __m256 t[8]) {
         __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = i < g ? _mm256_loadu_ps(src + i * ld) : _mm256_setzero_ps();

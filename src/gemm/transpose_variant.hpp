@@ -1,16 +1,24 @@
-// Which 16 x 16 register transpose the AVX-512 packing uses (Transpose<avx512f>::columns, under
-// every transposing pack: K^T in attention, B^T and A^T in the GEMM, the few-rows path against
-// B^T). Both give the same bits (a transpose moves floats, it computes nothing); they differ in
-// which execution ports they load.
-//   shuffles: 16 full-row loads and 64 shuffles (unpack, then 128-bit lane shuffles).
-//   inserts:  the cross-lane half done by the loads (64 128-bit loads, 48 of them inserted into
-//             place), then 32 in-lane shuffles.
-// Intel's cores run 512-bit shuffles on one port, so the 64 shuffles bound the first form there;
-// AMD's run them on two. Measured, 16 x 16 blocks from L1, cycles of the 2.6 GHz TSC per block:
-// Intel Xeon (AMX; family 6 model 167 under KVM) shuffles 112-129, inserts 61-72; AMD Zen 5 ran
-// the inserts 15-20% slower than the shuffles. So AMD keeps the shuffles and every other x86 takes
-// the inserts (Zen 4, unmeasured, keeps AMD's choice). MHA_TRANSPOSE=shuffles|inserts overrides
-// the choice for the process (read when a Runtime is made).
+// Which register transpose the few-rows path against B^T (sgemm_bt_rows.hpp: 5 to 9 rows on
+// AVX-512, 5 to 8 on AVX2) transposes B^T's blocks with. Both forms give the same registers (a
+// transpose moves floats, it computes nothing); they differ in which execution ports they load.
+//   shuffles (Transpose::columns): a load per row, then log2(L) rounds of L shuffles (in-lane
+//             unpacks, then the 128-bit lanes exchanged): 64 shuffles a 16 x 16 block on AVX-512,
+//             24 an 8 x 8 block on AVX2.
+//   inserts (Transpose::columns_by_inserts): the cross-lane half done by the loads (each row's
+//             128-bit chunks loaded into the lane they end in, by inserts that need not use the
+//             shuffle port), then the in-lane 4 x 4 transposes: 32 shuffles a block on AVX-512,
+//             16 on AVX2, and four times the loads.
+// Intel's cores run these shuffles on one port, which the FMAs share; AMD's run them on two.
+// Measured, blocks from L1, cycles of the 2.6 GHz TSC per block: Intel Xeon (AMX; family 6 model
+// 167 under KVM) AVX-512 shuffles 112-129, inserts 61-72; AVX2 shuffles 38-39, inserts 20; AMD Zen
+// 5 ran the AVX-512 inserts 15-20% slower than the shuffles (as a packing transpose, 2026-11-24).
+// So AMD keeps the shuffles and every other x86 takes the inserts (Zen 3 and Zen 4, unmeasured,
+// keep AMD's choice). The packing's transposes (K^T in attention, B^T and A^T in the GEMM) stay on
+// the shuffles everywhere: there the source comes from L2 or farther, the loads pace the pack, and
+// the inserts measured level or slower on this Xeon (2048x2048x64 NT 0.991x, 4096x1536x512 NT
+// 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128 0.993-1.008x; medians of 15-61
+// interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read
+// when a Runtime is made; a value that is neither is refused).
 #pragma once
 
 #include <atomic>
@@ -21,8 +29,8 @@ namespace mha::gemm {
 
 enum class TransposeVariant : int { shuffles = 0, inserts = 1 };
 
-// The process's choice, read on every block (relaxed: both forms give the same bits, so a change
-// while calls run changes no result).
+// The process's choice, read on every block of those tiles (relaxed: both forms give the same
+// bits, so a change while calls run changes no result).
 extern std::atomic<int> g_transpose_variant;
 
 inline TransposeVariant transpose_variant() {
