@@ -59,6 +59,9 @@ const std::vector<GemmShape> &gemm_shapes() {
         // kernels' strips are short.
         {"few rows", 'N', 'T', 1, 1536, 512, false},
         {"few rows", 'N', 'N', 4, 1536, 512, false},
+        // 8 tokens against a weight stored N x K, as PyTorch's are: B^T transposed in registers
+        // (macro_bt_rows; see gemm/transpose_variant.hpp for its transposes).
+        {"few rows", 'N', 'T', 8, 1536, 512, false},
         {"few rows", 'N', 'T', 16, 1536, 512, false},
         {"few rows", 'N', 'T', 32, 1536, 512, false},
         {"few rows", 'N', 'N', 16, 1536, 512, false},
