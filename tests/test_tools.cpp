@@ -238,6 +238,18 @@ TEST_CASE("mha-bench on two threads compares each row with one thread") {
     CHECK(row["vs"]["1 thread"].get<double>() > 0);
 }
 
+TEST_CASE("mha-bench records the few-rows GEMM's transpose, which MHA_TRANSPOSE picks or a bad value stops") {
+    const char *args = "--quick --json --threads 1 --filter 'threads/softmax/32x128'";
+    for (const char *name : {"shuffles", "inserts"}) {
+        const auto r = run_tool("MHA_BENCH", args, false, std::string("MHA_TRANSPOSE=") + name);
+        REQUIRE(r.code == 0);
+        CHECK(nlohmann::json::parse(r.output)["gemm_transpose"] == name);
+    }
+    const auto bad = run_tool("MHA_BENCH", args, true, "MHA_TRANSPOSE=rotate");
+    CHECK(bad.code != 0);
+    CHECK(bad.output.find("MHA_TRANSPOSE") != std::string::npos);
+}
+
 TEST_CASE("mha-bench --filter threads: a small call on 2 threads beside 1 thread and every thread") {
     const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1,2 --filter threads/softmax/32x128", false);
     REQUIRE(r.code == 0);

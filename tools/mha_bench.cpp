@@ -18,6 +18,7 @@
 #include "bench/encoder_fixture.hpp"
 #include "bench/layer_fixture.hpp"
 #include "cli_args.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
 #include "mha/serving.hpp"
@@ -809,6 +810,8 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("\n");
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
+    std::printf("mha: the few-rows GEMM's transposes: %s (MHA_TRANSPOSE)\n",
+                gemm::transpose_variant_name(gemm::transpose_variant()));
     std::string suite;
     int shape_width = 20;  // wide enough for every shape (the serving shapes are longer)
     for (const auto &r : rows) shape_width = std::max(shape_width, static_cast<int>(r.shape.size()));
@@ -911,6 +914,7 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
     j["bandwidth_gbs"] = ctx.bandwidth.begin()->second;
     for (auto [t, b] : ctx.bandwidth) j["bandwidth_gbs_by_threads"][std::to_string(t)] = b;
     j["anchor_environment"] = bench::anchor_environment();
+    j["gemm_transpose"] = gemm::transpose_variant_name(gemm::transpose_variant());
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
         nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
@@ -1100,6 +1104,7 @@ int main(int argc, char **argv) {
         }
         std::unique_ptr<std::regex> filter;
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
+        gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
         for (int t : ctx.opt.threads) {
             ctx.peak[t] = bench::measure_fma_peak_gflops(t);

@@ -2,6 +2,11 @@
 
 #include <cpuid.h>
 
+#include <cstdlib>
+#include <string>
+
+#include "mha/error.hpp"
+
 namespace mha::gemm {
 
 TransposeVariant default_transpose_variant() {
@@ -20,6 +25,14 @@ std::optional<TransposeVariant> parse_transpose_variant(std::string_view name) {
     if (name == "shuffles") return TransposeVariant::shuffles;
     if (name == "inserts") return TransposeVariant::inserts;
     return std::nullopt;
+}
+
+void apply_transpose_env() {
+    const char *env = std::getenv("MHA_TRANSPOSE");
+    if (!env || !*env) return;
+    const auto v = parse_transpose_variant(env);
+    if (!v) invalid_argument(std::string("MHA_TRANSPOSE='") + env + "' is not one of shuffles, inserts");
+    set_transpose_variant(*v);
 }
 
 } // namespace mha::gemm

@@ -41,5 +41,8 @@ void set_transpose_variant(TransposeVariant v);
 TransposeVariant default_transpose_variant();
 const char *transpose_variant_name(TransposeVariant v);
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name);
+// MHA_TRANSPOSE, if set, made the process's choice (every Runtime's constructor calls it); a value
+// that is neither form throws mha::Error (invalid argument) with a message and changes nothing.
+void apply_transpose_env();
 
 } // namespace mha::gemm

@@ -156,13 +156,9 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     if (const char *env = std::getenv("MHA_PARALLEL_ALWAYS"); env && std::string(env) == "1")
         s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
     if (const char *env = std::getenv("MHA_POISON_SCRATCH"); env && std::string(env) == "1") s.pool.poison = true;
-    // MHA_TRANSPOSE: the AVX-512 packing's transpose for the whole process (see
-    // gemm/transpose_variant.hpp); both give the same bits.
-    if (const char *env = std::getenv("MHA_TRANSPOSE"); env && *env) {
-        auto v = gemm::parse_transpose_variant(env);
-        if (!v) invalid_argument(std::string("MHA_TRANSPOSE='") + env + "' is not one of shuffles, inserts");
-        gemm::set_transpose_variant(*v);
-    }
+    // MHA_TRANSPOSE: the register transpose of the GEMM's few-rows path against B^T, for the whole
+    // process (see gemm/transpose_variant.hpp); both give the same bits.
+    gemm::apply_transpose_env();
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);
