@@ -33,7 +33,7 @@ namespace {
 // thread, m x 1536 x 512 NT (B^T from L3), inserts against shuffles, the median of 41
 // interleaved rounds: AVX-512 1-4 rows 0.98-1.00x, 5 rows 1.15x, 6 1.19x, 7 1.34x, 8 1.26x, 9
 // 1.19x (with B^T in L2, m x 512 x 512: 2 rows 0.93x, 4 rows 0.90x, 8 rows 1.19x); AVX2 1-2 rows
-// 0.99-1.00x, 4-8 rows 1.03-1.07x.
+// 0.99-1.00x, 4 rows 1.05x, 5-8 rows 1.03-1.07x (one threshold serves both ISAs).
 constexpr int kInsertsFromRows = 5;
 
 // C[0:M, 0:cols] = A B or A B + C (accumulate) for cols <= W: B^T's rows [0, cols) at bt (ldbt
