@@ -105,7 +105,7 @@ TEST_CASE("MHA_ISA selects or refuses an ISA") {
     unsetenv("MHA_ISA");
 }
 
-TEST_CASE("MHA_TRANSPOSE selects or refuses the packing's transpose, for the whole process") {
+TEST_CASE("MHA_TRANSPOSE selects or refuses the few-rows GEMM's transpose, for the whole process") {
     const mha::gemm::TransposeVariant saved = mha::gemm::transpose_variant();
     mha_runtime *rt = nullptr;
     setenv("MHA_TRANSPOSE", "rotate", 1);

@@ -11,8 +11,10 @@ namespace mha::gemm {
 
 TransposeVariant default_transpose_variant() {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
-    return amd ? TransposeVariant::shuffles : TransposeVariant::inserts;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return TransposeVariant::inserts;
+    const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;    // "AuthenticAMD"
+    const bool hygon = b == 0x6f677948 && d == 0x6e65476e && c == 0x656e6975;  // "HygonGenuine": AMD's Zen cores
+    return amd || hygon ? TransposeVariant::shuffles : TransposeVariant::inserts;
 }
 
 std::atomic<int> g_transpose_variant{static_cast<int>(default_transpose_variant())};

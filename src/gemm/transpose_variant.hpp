@@ -37,7 +37,7 @@ inline TransposeVariant transpose_variant() {
     return static_cast<TransposeVariant>(g_transpose_variant.load(std::memory_order_relaxed));
 }
 void set_transpose_variant(TransposeVariant v);
-// The CPU's default (see the top): shuffles on AMD, inserts elsewhere.
+// The CPU's default (see the top): shuffles on AMD's cores (AMD's and Hygon's), inserts elsewhere.
 TransposeVariant default_transpose_variant();
 const char *transpose_variant_name(TransposeVariant v);
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name);
