@@ -106,7 +106,17 @@ TEST_CASE("MHA_ISA selects or refuses an ISA") {
 }
 
 TEST_CASE("MHA_TRANSPOSE selects or refuses the few-rows GEMM's transpose, for the whole process") {
-    const mha::gemm::TransposeVariant saved = mha::gemm::transpose_variant();
+    struct Restore {  // the variable and the choice as they were, however the case ends
+        const char *env = std::getenv("MHA_TRANSPOSE");
+        std::string value = env ? env : "";
+        mha::gemm::TransposeVariant variant = mha::gemm::transpose_variant();
+        ~Restore() {
+            if (env) setenv("MHA_TRANSPOSE", value.c_str(), 1);
+            else unsetenv("MHA_TRANSPOSE");
+            mha::gemm::set_transpose_variant(variant);
+        }
+    } restore;
+    const mha::gemm::TransposeVariant saved = restore.variant;
     mha_runtime *rt = nullptr;
     setenv("MHA_TRANSPOSE", "rotate", 1);
     CHECK(mha_runtime_create(1, &rt) == MHA_INVALID_ARGUMENT);
@@ -121,8 +131,6 @@ TEST_CASE("MHA_TRANSPOSE selects or refuses the few-rows GEMM's transpose, for t
         mha_runtime_destroy(rt);
         rt = nullptr;
     }
-    unsetenv("MHA_TRANSPOSE");
-    mha::gemm::set_transpose_variant(saved);
 }
 
 TEST_CASE("mha_sgemm computes, and every bad input gets a status and a message and leaves C untouched") {

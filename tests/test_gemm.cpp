@@ -207,18 +207,21 @@ TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN")
 TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
     // From 5 rows macro_bt_rows transposes B^T's blocks with either form of Transpose's columns
     // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
-    // floats. Every row count the path takes and the ones around it, columns that leave partial
-    // blocks (1-15 rows of a 16 x 16 block, 1-7 of an 8 x 8 one) and whole ones, depths below,
-    // at and past a block, beta 0 and 1, an odd ldb; small and default tiles; against double
-    // under each form, and the two results bit for bit.
-    const gemm::TransposeVariant saved = gemm::transpose_variant();
+    // floats. Every row count the path takes and the ones around it; columns whose last block
+    // holds 1, 3, 4, 7, 10, 13 or 15 of a 16 x 16 block's rows (1-7 of an 8 x 8 one) or all of
+    // them; depths below, at and past a block; beta 0 and 1; an odd ldb; small and default tiles.
+    // Against double under each form, and the two results bit for bit.
+    struct Restore {
+        gemm::TransposeVariant v = gemm::transpose_variant();
+        ~Restore() { gemm::set_transpose_variant(v); }
+    } restore;
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
             for (int64_t m = 1; m <= 10; ++m)
-                for (int64_t n : {1, 7, 15, 16, 17, 33, 100})
+                for (int64_t n : {1, 7, 15, 16, 17, 19, 26, 29, 33, 100})
                     for (int64_t k : {1, 15, 16, 17, 40})
                         for (float beta : {0.0f, 1.0f}) {
                             GemmCase g;
@@ -236,7 +239,6 @@ TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) gi
                         }
         }
     }
-    gemm::set_transpose_variant(saved);
 }
 
 TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {

@@ -1081,6 +1081,7 @@ int main(int argc, char **argv) {
             std::fputs(cli::kBenchUsage, stdout);
             return 0;
         }
+        gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
         // Under mpirun (or with --mpi) the mpi suite runs alone: the other suites on every rank at
         // once would measure nothing but the ranks' contention.
         const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
@@ -1104,7 +1105,6 @@ int main(int argc, char **argv) {
         }
         std::unique_ptr<std::regex> filter;
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
-        gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
         for (int t : ctx.opt.threads) {
             ctx.peak[t] = bench::measure_fma_peak_gflops(t);

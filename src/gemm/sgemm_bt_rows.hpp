@@ -3,7 +3,8 @@
 //
 // Every element of C is the ordered FMA chain over the depth block that the microkernel computes,
 // so the lanes must run along C's columns: B^T's rows are transposed W x W at a time in registers
-// (Transpose::columns) and consumed at once, never stored. With so few rows the transposes, not the
+// (Transpose::columns, or columns_by_inserts: see kInsertsFromRows) and consumed at once, never
+// stored. With so few rows the transposes, not the
 // FMAs, are the work, and B's reads pace them: one tile (W rows of B^T) is walked along its depth
 // at a time, W streams the hardware prefetchers follow. Zen 5, 1 thread, a 1536 x 512 B^T from
 // L3: its transposes took 33 us 16 rows at a time, 44 us 32 at a time and 73 us when the panels
@@ -28,8 +29,9 @@ namespace {
 
 // From how many rows the tiles transpose B^T with columns_by_inserts where the CPU takes it (see
 // transpose_variant.hpp): each block's W column vectors then feed M FMAs each, and from about 5
-// rows the shuffle port, which the FMAs share, is what bounds the loop; with fewer rows the loads
-// are, and the inserts' 4 loads a row cost more than their shuffles save. Intel Xeon (AMX), 1
+// rows the shuffle port, which the FMAs share, is what bounds the loop; with fewer rows on
+// AVX-512 the loads are, and the inserts' 4 loads a row (2 on AVX2) cost more than their shuffles
+// save. AVX2 takes the same threshold (its 4 rows gained a little, below). Intel Xeon (AMX), 1
 // thread, m x 1536 x 512 NT (B^T from L3), inserts against shuffles, the median of 41
 // interleaved rounds: AVX-512 1-4 rows 0.98-1.00x, 5 rows 1.15x, 6 1.19x, 7 1.34x, 8 1.26x, 9
 // 1.19x (with B^T in L2, m x 512 x 512: 2 rows 0.93x, 4 rows 0.90x, 8 rows 1.19x); AVX2 1-2 rows
@@ -48,10 +50,11 @@ void bt_rows_tile(int64_t cols, int64_t k, const float *at, const float *bt, int
     V acc[M];
 #pragma GCC unroll 8
     for (int i = 0; i < M; ++i) acc[i] = V(0.0f);
+    const bool inserts = M >= kInsertsFromRows && transpose_variant() == TransposeVariant::inserts;
     int64_t p0 = 0;
     for (; p0 + L <= k; p0 += L) {
         typename V::register_type col[L];  // col[q] lane r = B^T(r, p0 + q), zero past the rows
-        if (M >= kInsertsFromRows && transpose_variant() == TransposeVariant::inserts)
+        if (inserts)
             Transpose<Arch>::columns_by_inserts(bt + p0, ldbt, rows, col);
         else
             Transpose<Arch>::columns(bt + p0, ldbt, rows, col);

@@ -1,27 +1,36 @@
 #include "gemm/transpose_variant.hpp"
 
-#include <cpuid.h>
-
 #include <cstdlib>
 #include <string>
 
 #include "mha/error.hpp"
+#include "runtime/cpu_vendor.hpp"
 
 namespace mha::gemm {
 
 TransposeVariant default_transpose_variant() {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return TransposeVariant::inserts;
-    const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;    // "AuthenticAMD"
-    const bool hygon = b == 0x6f677948 && d == 0x6e65476e && c == 0x656e6975;  // "HygonGenuine": AMD's Zen cores
-    return amd || hygon ? TransposeVariant::shuffles : TransposeVariant::inserts;
+    return mha::detail::amd_cores() ? TransposeVariant::shuffles : TransposeVariant::inserts;
 }
 
-std::atomic<int> g_transpose_variant{static_cast<int>(default_transpose_variant())};
+// -1 until the first read resolves it to the CPU's default; constant-initialized, so a Runtime
+// made during another file's static initialization still finds it (and MHA_TRANSPOSE's value is
+// never overwritten by a later initializer).
+constinit std::atomic<int> g_transpose_variant{-1};
 
-void set_transpose_variant(TransposeVariant v) { g_transpose_variant.store(static_cast<int>(v), std::memory_order_relaxed); }
+TransposeVariant resolve_transpose_variant() {
+    int expected = -1;
+    g_transpose_variant.compare_exchange_strong(expected, static_cast<int>(default_transpose_variant()),
+                                                std::memory_order_relaxed);
+    return static_cast<TransposeVariant>(g_transpose_variant.load(std::memory_order_relaxed));
+}
 
-const char *transpose_variant_name(TransposeVariant v) { return v == TransposeVariant::inserts ? "inserts" : "shuffles"; }
+void set_transpose_variant(TransposeVariant v) {
+    g_transpose_variant.store(static_cast<int>(v), std::memory_order_relaxed);
+}
+
+const char *transpose_variant_name(TransposeVariant v) {
+    return v == TransposeVariant::inserts ? "inserts" : "shuffles";
+}
 
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name) {
     if (name == "shuffles") return TransposeVariant::shuffles;

@@ -7,13 +7,14 @@
 //   inserts (Transpose::columns_by_inserts): the cross-lane half done by the loads (each row's
 //             128-bit chunks loaded into the lane they end in, by inserts that need not use the
 //             shuffle port), then the in-lane 4 x 4 transposes: 32 shuffles a block on AVX-512,
-//             16 on AVX2, and four times the loads.
+//             16 on AVX2, and four times the loads (twice on AVX2).
 // Intel's cores run these shuffles on one port, which the FMAs share; AMD's run them on two.
 // Measured, blocks from L1, cycles of the 2.6 GHz TSC per block: Intel Xeon (AMX; family 6 model
-// 167 under KVM) AVX-512 shuffles 112-129, inserts 61-72; AVX2 shuffles 38-39, inserts 20; AMD Zen
-// 5 ran the AVX-512 inserts 15-20% slower than the shuffles (as a packing transpose, 2026-11-24).
-// So AMD keeps the shuffles and every other x86 takes the inserts (Zen 3 and Zen 4, unmeasured,
-// keep AMD's choice). The packing's transposes (K^T in attention, B^T and A^T in the GEMM) stay on
+// 167 under KVM) AVX-512 shuffles 112-129, inserts 61-72; AVX2 shuffles 38-39, inserts 20. AMD
+// Zen 5 (2026-11-24) ran the same inserts 7-20% slower in macro_bt_rows itself (1-8 rows NT; 8
+// rows 1.36-1.38x -> 1.12-1.15x dnnl_sgemm) and 15-20% slower as a packing transpose. So AMD's
+// cores (AMD's and Hygon's) keep the shuffles and every other x86 takes the inserts (Zen 3 and
+// Zen 4, unmeasured, keep Zen 5's choice). The packing's transposes (K^T in attention, B^T and A^T in the GEMM) stay on
 // the shuffles everywhere: there the source comes from L2 or farther, the loads pace the pack, and
 // the inserts measured level or slower on this Xeon (2048x2048x64 NT 0.991x, 4096x1536x512 NT
 // 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128 0.993-1.008x; medians of 15-61
@@ -29,20 +30,23 @@ namespace mha::gemm {
 
 enum class TransposeVariant : int { shuffles = 0, inserts = 1 };
 
-// The process's choice, read on every block of those tiles (relaxed: both forms give the same
-// bits, so a change while calls run changes no result).
+// The process's choice (-1 until first read: see transpose_variant.cpp), read once per tile
+// (relaxed: both forms give the same bits, so a change while calls run changes no result).
 extern std::atomic<int> g_transpose_variant;
+TransposeVariant resolve_transpose_variant();
 
 inline TransposeVariant transpose_variant() {
-    return static_cast<TransposeVariant>(g_transpose_variant.load(std::memory_order_relaxed));
+    const int v = g_transpose_variant.load(std::memory_order_relaxed);
+    return v >= 0 ? static_cast<TransposeVariant>(v) : resolve_transpose_variant();
 }
 void set_transpose_variant(TransposeVariant v);
 // The CPU's default (see the top): shuffles on AMD's cores (AMD's and Hygon's), inserts elsewhere.
 TransposeVariant default_transpose_variant();
 const char *transpose_variant_name(TransposeVariant v);
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name);
-// MHA_TRANSPOSE, if set, made the process's choice (every Runtime's constructor calls it); a value
-// that is neither form throws mha::Error (invalid argument) with a message and changes nothing.
+// MHA_TRANSPOSE, if set, makes the process's choice (every Runtime's constructor calls it, and
+// mha-bench at start); a value that is neither form throws mha::Error (invalid argument) with a
+// message and changes nothing.
 void apply_transpose_env();
 
 } // namespace mha::gemm

@@ -2,7 +2,10 @@
 // wide registers (XCR0), so a "yes" here means the kernels can run.
 #include "mha/isa.hpp"
 
+#include <cpuid.h>
+
 #include "mha/error.hpp"
+#include "runtime/cpu_vendor.hpp"
 
 namespace mha {
 
@@ -35,4 +38,15 @@ Isa best_isa() {
     return v.back();
 }
 
+namespace detail {
+
+bool amd_cores() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;    // "AuthenticAMD"
+    const bool hygon = b == 0x6f677948 && d == 0x6e65476e && c == 0x656e6975;  // "HygonGenuine"
+    return amd || hygon;
+}
+
+} // namespace detail
 } // namespace mha

@@ -7,6 +7,7 @@
 
 #include "gemm/sgemm_kernels.hpp"
 #include "mha/error.hpp"
+#include "runtime/cpu_vendor.hpp"
 
 namespace mha {
 
@@ -17,7 +18,7 @@ CacheSizes detect_cache_sizes() {
     if (long v = sysconf(_SC_LEVEL2_CACHE_SIZE); v > 0) c.l2 = v;
     if (long v = sysconf(_SC_LEVEL3_CACHE_SIZE); v > 0) c.l3 = v;
     unsigned a = 0, b = 0, cx = 0, d = 0;
-    if (__get_cpuid(0, &a, &b, &cx, &d)) c.amd = b == 0x68747541 && d == 0x69746e65 && cx == 0x444d4163;  // "AuthenticAMD"
+    c.amd = detail::amd_cores();
     if (__get_cpuid(1, &a, &b, &cx, &d)) {
         const int base = static_cast<int>((a >> 8) & 0xf), ext = static_cast<int>((a >> 20) & 0xff);
         c.family = base == 0xf ? base + ext : base;
