@@ -27,11 +27,11 @@ struct Transpose<xsimd::avx512f> {
         for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
     }
     // The same registers as columns(), with half its shuffles (see transpose_variant.hpp): column
-    // 4q + s, lane 4p + u is element s of row 4p + u's 128-bit chunk q. The loads put chunk q
-    // of rows u, 4 + u, 8 + u, 12 + u into the four 128-bit lanes of x[u] (the cross-lane half of
-    // the transpose, done as the rows are loaded), then a 4 x 4 transpose within each lane across x[0..3]
-    // gives columns 4q .. 4q + 3: 32 shuffles a block, and 48 inserts that need not use the shuffle
-    // port. Rows from g on are read from a zero row.
+    // 4q + s, lane 4p + u is element s of row 4p + u's 128-bit chunk q. The loads put chunk q of
+    // rows u, 4 + u, 8 + u, 12 + u into the four 128-bit lanes of x[u] (the cross-lane half of the
+    // transpose, done as the rows are loaded), then a 4 x 4 transpose within each lane across
+    // x[0..3] gives columns 4q .. 4q + 3: 32 shuffles a block, and 48 inserts that need not use the
+    // shuffle port. Rows from g on are read from a zero row.
     [[gnu::always_inline]] static void columns_by_inserts(const float *src, int64_t ld, int g, __m512 r[16]) {
         alignas(64) static constexpr float zero[16] = {};
         const float *row[16];

@@ -8,9 +8,12 @@
 
 namespace mha::gemm {
 
+namespace {
+// The CPU's default (see transpose_variant.hpp): shuffles on AMD's cores, inserts elsewhere.
 TransposeVariant default_transpose_variant() {
     return mha::detail::amd_cores() ? TransposeVariant::shuffles : TransposeVariant::inserts;
 }
+} // namespace
 
 // -1 until the first read resolves it to the CPU's default; constant-initialized, so a Runtime
 // made during another file's static initialization still finds it (and MHA_TRANSPOSE's value is

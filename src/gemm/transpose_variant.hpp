@@ -14,11 +14,11 @@
 // Zen 5 (2026-11-24) ran the same inserts 7-20% slower in macro_bt_rows itself (1-8 rows NT; 8
 // rows 1.36-1.38x -> 1.12-1.15x dnnl_sgemm) and 15-20% slower as a packing transpose. So AMD's
 // cores (AMD's and Hygon's) keep the shuffles and every other x86 takes the inserts (Zen 3 and
-// Zen 4, unmeasured, keep Zen 5's choice). The packing's transposes (K^T in attention, B^T and A^T in the GEMM) stay on
-// the shuffles everywhere: there the source comes from L2 or farther, the loads pace the pack, and
-// the inserts measured level or slower on this Xeon (2048x2048x64 NT 0.991x, 4096x1536x512 NT
-// 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128 0.993-1.008x; medians of 15-61
-// interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read
+// Zen 4, unmeasured, keep Zen 5's choice). The packing's transposes (K^T in attention, B^T and
+// A^T in the GEMM) stay on the shuffles everywhere: there the source comes from L2 or farther,
+// the loads pace the pack, and the inserts measured level or slower on this Xeon (2048x2048x64
+// NT 0.991x, 4096x1536x512 NT 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128
+// 0.993-1.008x; medians of 15-61 interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read
 // when a Runtime is made; a value that is neither is refused).
 #pragma once
 
@@ -40,8 +40,6 @@ inline TransposeVariant transpose_variant() {
     return v >= 0 ? static_cast<TransposeVariant>(v) : resolve_transpose_variant();
 }
 void set_transpose_variant(TransposeVariant v);
-// The CPU's default (see the top): shuffles on AMD's cores (AMD's and Hygon's), inserts elsewhere.
-TransposeVariant default_transpose_variant();
 const char *transpose_variant_name(TransposeVariant v);
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name);
 // MHA_TRANSPOSE, if set, makes the process's choice (every Runtime's constructor calls it, and
