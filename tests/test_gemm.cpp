@@ -365,8 +365,10 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
     // Up to the kernel's NR rows with alpha = 1 and beta 0 or 1 take B^T in place: macro_bt_rows to
     // 9 rows on AVX-512 (all 8 on AVX2), macro_bt from 10 to the lanes, macro_bt_wide past them
     // (A^T one NR-wide panel), and NR + lanes or 2 NR rows as two full panels; alpha 2 and beta 0.5
-    // keep to the other paths, and so do NR + 1, NR + lanes + 1 and 2 NR - 1 rows. Past 16 rows,
-    // every element's bits against the packed path's.
+    // keep to the other paths, and so do NR + 1, NR + lanes + 1 and 2 NR - 1 rows, and, past the
+    // rows path, a B^T of at most 64 x 64 (see sgemm_bt): there the depth of 320 takes the wider
+    // columns through macro_bt and both panels of macro_bt_wide. Past 16 rows, every element's
+    // bits against the packed path's.
     // Columns around MR and the lanes, depths around the transposed block (16 or 8) and across KC
     // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0. (test "a row of C has
     // the same bits whatever m is" holds these paths to the others' bits.)
@@ -382,7 +384,7 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
             for (int64_t m : rows)
                 for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, lanes, lanes + 1, 2 * MR + 3, int64_t{100}})
-                    for (int64_t k : {1, 7, 8, 17, 40})
+                    for (int64_t k : {1, 7, 8, 17, 40, 320})
                         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.5f}}) {
                             GemmCase g;
                             g.tb = 'T';

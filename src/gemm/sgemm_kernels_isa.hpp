@@ -16,7 +16,8 @@ constexpr SgemmKernel make_kernel(const char *name) {
                        &sgemm_macro_packed<A, MR, NV>, &sgemm_macro_sup<A, MR, NV>,
                        &sgemm_macro_bt<A, MR>, static_cast<int>(xsimd::batch<float, A>::size),
                        &sgemm_macro_bt_rows<A>, &activate<A>, kChainRows<MR, NV>,
-                       &sgemm_macro_in_place<A, MR, NV>, &sgemm_macro_bt<A, MR, NV>};
+                       &sgemm_macro_in_place<A, MR, NV>, &sgemm_macro_bt<A, MR, NV>,
+                       &pack_panels<A, static_cast<int>(xsimd::batch<float, A>::size)>};
 }
 
 #define MHA_EMIT_KERNEL(name, mr, nv) make_kernel<mr, nv>(name),
