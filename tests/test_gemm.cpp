@@ -537,6 +537,38 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chun
     }
 }
 
+TEST_CASE("a strip of few rows against a B past L2, at any stride: the chain's bits are the tiles'") {
+    // TileConfig::sup_chain_rows sends strips of that many rows against a B of at least 2 KC x NC
+    // through sgemm_sup_chained at any stride (on Intel's cores by default), not only at 4 KiB
+    // multiples. Every row count up to the kernel's chain rows and one past, odd strides, alpha
+    // and beta: the bits of the same runtime with the option off (tile by tile), and the
+    // reference's values; with the default tiles and with small ones (depth blocks of 16).
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {false, true}) {
+            RuntimeOptions on = small ? small_tiles(*uk) : default_tiles(*uk), off = on;
+            on.tiles->sup_chain_rows = uk->chain_rows;
+            off.tiles->sup_chain_rows = 0;
+            Runtime rt_on(on), rt_off(off);
+            const int64_t n = small ? 300 : 1000, block = 2 * on.tiles->kc * on.tiles->nc;
+            const int64_t k = small ? 333 : (block + n - 1) / n + 37, ldb = n + 3, lda = k + 1, ldc = n + 2;
+            const int64_t m_all = uk->chain_rows + 1;
+            const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 51);
+            const auto b = test::random_floats(static_cast<size_t>(k * ldb), 52);
+            const auto c0 = test::random_floats(static_cast<size_t>(m_all * ldc), 53);
+            for (int64_t m = 1; m <= m_all; ++m)
+                for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+                    std::vector<float> c_on(c0), c_off(c0);
+                    sgemm(rt_on, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c_on.data(), ldc);
+                    sgemm(rt_off, Trans::N, Trans::N, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c_off.data(), ldc);
+                    CHECK_MESSAGE(test::same_bits(c_on, c_off), "small=", small, " m=", m, " alpha=", alpha, " beta=", beta);
+                }
+            check_gemm(rt_on, GemmCase{'N', 'N', uk->chain_rows, n, k, 0.5f, 1.0f, 1, 3, 2, false, 9});
+        }
+    }
+}
+
 TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of depth across the block, with the other paths' bits") {
     // Two to four strips against such B (gemm::chunked_rows) read it in place 32 rows of depth at
     // a time across the block, every strip per chunk, the first copying the chunk for the others

@@ -39,6 +39,7 @@ TileConfigFile tuned() {
     f.tiles.attn_kv_chunk = 512;
     f.tiles.parallel_min_flops = 12345;
     f.tiles.parallel_min_elems = 678;
+    f.tiles.sup_chain_rows = 5;
     return f;
 }
 
@@ -62,6 +63,7 @@ TEST_CASE("a tile config round-trips through its JSON and reaches the runtime") 
     CHECK(g.tiles.attn_kv_chunk == 512);
     CHECK(g.tiles.parallel_min_flops == 12345);
     CHECK(g.tiles.parallel_min_elems == 678);
+    CHECK(g.tiles.sup_chain_rows == 5);
     CHECK(tile_config_json(g) == text);
 
     const std::string path = write("good.json", text);
@@ -125,6 +127,8 @@ TEST_CASE("a broken tile config fails runtime creation, naming the file and the 
         {"chunk not a multiple", head + R"("tiles": {"attn_kv_chunk": 1000}})", "attn_kv_chunk"},
         {"negative parallel_min_flops", head + R"("tiles": {"parallel_min_flops": -1}})", "parallel_min_flops must be in"},
         {"negative parallel_min_elems", head + R"("tiles": {"parallel_min_elems": -5}})", "parallel_min_elems must be in"},
+        {"sup_chain_rows too large", head + R"("tiles": {"sup_chain_rows": 65}})", "sup_chain_rows must be in"},
+        {"negative sup_chain_rows", head + R"("tiles": {"sup_chain_rows": -1}})", "sup_chain_rows must be in"},
         {"unknown microkernel", head + R"("tiles": {"gemm_ukernel": "avx512_99x99"}})", "not a known microkernel"},
         {"wrong format", R"({"format": "other", "version": 1, "isa": "avx2", "tiles": {}})", "\"format\" must be"},
         {"wrong version", R"({"format": "mha-tile-config", "version": 7, "isa": "avx2", "tiles": {}})", "\"version\" must be 1"},
@@ -188,7 +192,7 @@ TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 
 // The per-CPU GEMM blocking rules of default_tile_config, on the caches of the machines they were
 // measured on (src/runtime/tile_config.cpp). Only the numbers are computed: no kernel runs, so
 // every rule is checked on any host.
-TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, the formulas elsewhere") {
+TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, the formulas elsewhere; the chain's rows by vendor") {
     auto caches = [](int64_t l1d, int64_t l2, int64_t l3, bool amd, int family) {
         CacheSizes c;
         c.l1d = l1d; c.l2 = l2; c.l3 = l3; c.amd = amd; c.family = family;
@@ -217,6 +221,12 @@ TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, th
     const TileConfig avx2 = default_tile_config(Isa::avx2, caches(48 * KiB, 2 * MiB, 480 * MiB, false, 6));
     CHECK(avx2.kc == 552);
     CHECK(avx2.gemm_ukernel == "avx2_6x16");
+    // Strips against a B past L2 take the chain at any stride on Intel (2 rows; AVX2 4), only at
+    // 4 KiB multiples on AMD.
+    CHECK(xeon.sup_chain_rows == 2);
+    CHECK(avx2.sup_chain_rows == 4);
+    CHECK(zen5.sup_chain_rows == 0);
+    CHECK(zen4.sup_chain_rows == 0);
     for (const TileConfig &t : {xeon, zen5, zen4}) CHECK_NOTHROW(t.validate(Isa::avx512));
     CHECK_NOTHROW(avx2.validate(Isa::avx2));
 }

@@ -28,6 +28,11 @@ struct TileConfig {
     // the depth is at most sup_max_k and the whole A fits in half of L2.
     int64_t sup_max_n = 0;
     int64_t sup_max_k = 0;
+    // A strip of at most this many rows against a B read in place that does not fit in L2 (k x n
+    // at least 2 KC x NC) walks B's depth 8 rows at a time across its columns, whatever B's stride
+    // (0: only where B's rows lie a multiple of 4 KiB apart, as they always do). The bits never
+    // depend on it.
+    int64_t sup_chain_rows = 0;
     // Fused attention: query rows per head in one work item, and keys per score tile. (The
     // direct path for items of at most 12 rows per KV head, as in decode, always takes 16 keys
     // per tile; see src/attention/attention_shape.hpp.)

@@ -211,8 +211,11 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // undo): 1x2000x2000 1.10x -> 0.95x, 1x2560x1024 0.95x -> 0.84x, 1x512x4096 (2 KiB) 0.89x ->
     // 0.80x; 16 rows a chunk were 3-8% slower than 8, 4 rows 5-15%; the B prefetch 8 rows ahead
     // (a chunk's end: rows read much later) is left out.
+    // On Intel's cores, one to a few rows against a B from memory gain by the chain at any stride
+    // (TileConfig::sup_chain_rows; see tile_config.cpp).
     constexpr int64_t chain_depth = 8, chain_bytes = 16 << 10;
-    const bool chained = b_direct && m <= uk.chain_rows && kc_max > chain_depth && b.rs % 1024 == 0;
+    const bool any_stride = m <= t.sup_chain_rows && k * n >= 2 * t.kc * t.nc;
+    const bool chained = b_direct && m <= uk.chain_rows && kc_max > chain_depth && (b.rs % 1024 == 0 || any_stride);
     if (chained) nc_blk = std::clamp(chain_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t ld_chain = chained ? round_up(nc_blk, NR) : 0;
 

@@ -101,6 +101,17 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // measured on Xeon and Zen 5 before the small-problem path packed B and blocked K.
     t.sup_max_n = (uk.isa == Isa::avx2 ? 16 : 2) * uk.nr;
     t.sup_max_k = t.kc;
+    // One strip against a B from memory (larger than L2), at a stride that is not a multiple of
+    // 4 KiB, takes its depth tile by tile or 8 rows at a time across the columns (sgemm_sup's
+    // chain, which every 4 KiB stride takes). Intel Xeon (AMX), 1 thread, NN, tile by tile ->
+    // chained, the same bits: 1x768x3072 1.16x, 1x768x2048 1.15x, 1x1280x1280 1.11x, 1x2000x2000
+    // 1.08x, 1x1536x512 1.09x, 1x768x768 1.04x, 1x512x4096 1.07x, 2x768x3072 1.21x, 2x1536x512
+    // 1.12x; but 3 rows 0.89-0.90x (3x1536x512, 3x2000x2000), 4-6 rows 0.82-0.99x, and B in L2
+    // 0.82-0.94x (1x520x520, 2x512x512, 1x512x256), so 2 rows, B past 2 KC x NC (about L2). AVX2
+    // (6x16) there: 1x2000x2000 1.18x, 1x768x3072 1.16x, 2x768x3072 1.47x, 4x1536x512 1.99x, 6 rows
+    // 0.97x: 4 rows. Zen 5 had lost by it at such strides (1x2000x2000 0.86x, 1x2560x1024 0.88x,
+    // 1x512x4096 0.90x against dnnl_sgemm's ratios, see sgemm_sup): AMD's cores keep to 4 KiB.
+    t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
     // stay in L1, while the packed K and V tiles (BK x D each: 128 KiB at D = 64) and the item's
@@ -200,6 +211,7 @@ void TileConfig::validate(Isa isa) const {
     check(attn_block_k >= 1 && attn_block_k <= 8192, "attn_block_k", "must be in [1, 8192]");
     check(attn_kv_chunk >= attn_block_k && attn_kv_chunk <= (1 << 24) && attn_kv_chunk % attn_block_k == 0,
           "attn_kv_chunk", "must be a multiple of attn_block_k, at most 2^24");
+    check(sup_chain_rows >= 0 && sup_chain_rows <= 64, "sup_chain_rows", "must be in [0, 64]");
     check(parallel_min_flops >= 0 && parallel_min_flops <= (int64_t{1} << 50), "parallel_min_flops", "must be in [0, 2^50]");
     check(parallel_min_elems >= 0 && parallel_min_elems <= (int64_t{1} << 50), "parallel_min_elems", "must be in [0, 2^50]");
 }

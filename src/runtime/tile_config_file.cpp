@@ -24,6 +24,7 @@ constexpr IntField kIntFields[] = {
     {"nc", &TileConfig::nc},
     {"sup_max_n", &TileConfig::sup_max_n},
     {"sup_max_k", &TileConfig::sup_max_k},
+    {"sup_chain_rows", &TileConfig::sup_chain_rows},
     {"attn_block_q", &TileConfig::attn_block_q},
     {"attn_block_k", &TileConfig::attn_block_k},
     {"attn_kv_chunk", &TileConfig::attn_kv_chunk},
