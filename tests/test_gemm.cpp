@@ -263,6 +263,51 @@ TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
     }
 }
 
+TEST_CASE("A stored transposed on the small-problem path: its strips packed, the bits of A stored as is") {
+    // The small-problem path packs the strips of a transposed A whose rows lie a multiple of 1 KiB
+    // apart, or of a large enough product with A^T's rows 64 floats or longer (see sgemm_sup), and
+    // reads the others in place. Every element must have the bits of the same product on A stored
+    // as is (each sum the same ordered chain), and the reference's values: row counts around MR,
+    // the edge panel, depths within and past a KC block, both B layouts, beta 0 and 1.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t MR = uk->mr, NR = uk->nr;
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
+            struct Case {
+                int64_t m, n, k, lda;
+            };
+            std::vector<Case> cases;
+            for (int64_t m : {int64_t{1}, MR - 1, MR, MR + 1, 2 * MR + 3, 3 * MR})
+                for (int64_t n : {NR - 1, 2 * NR + 3})
+                    for (int64_t k : {7, 40, 333}) cases.push_back({m, n, k, 256});
+            cases.push_back({300, small ? NR : 200, small ? 300 : 100, 512});   // a multiple of 1 KiB
+            cases.push_back({300, small ? NR - 3 : 200, small ? 8 : 100, 305});  // large enough (default tiles)
+            for (const auto &[m, n, k, lda] : cases)
+                for (char tb : {'N', 'T'})
+                    for (float beta : {0.0f, 1.0f}) {
+                        const int64_t ldb = (tb == 'N' ? n : k) + 1, ldc = n + 2, ld_rows = k + 3;
+                        const auto at = test::random_floats(static_cast<size_t>(k * lda), static_cast<uint32_t>(m + n + k));
+                        const auto b = test::random_floats(static_cast<size_t>((tb == 'N' ? k : n) * ldb), 77);
+                        std::vector<float> a_rows(static_cast<size_t>(m * ld_rows));
+                        for (int64_t i = 0; i < m; ++i)
+                            for (int64_t p = 0; p < k; ++p) a_rows[i * ld_rows + p] = at[p * lda + i];
+                        const auto c0 = test::random_floats(static_cast<size_t>(m * ldc), 78);
+                        std::vector<float> c_t(c0), c_n(c0);
+                        sgemm(rt, Trans::T, static_cast<Trans>(tb), m, n, k, 1.0f, at.data(), lda, b.data(), ldb, beta,
+                              c_t.data(), ldc);
+                        sgemm(rt, Trans::N, static_cast<Trans>(tb), m, n, k, 1.0f, a_rows.data(), ld_rows, b.data(), ldb,
+                              beta, c_n.data(), ldc);
+                        CHECK_MESSAGE(test::same_bits(c_t, c_n), "small=", small, " tb=", tb, " m=", m, " n=", n, " k=", k,
+                                      " lda=", lda, " beta=", beta);
+                    }
+            for (const auto &[m, n, k, lda] : {cases[7], cases.back()})
+                check_gemm(rt, GemmCase{'T', 'N', m, n, k, 0.5f, 1.0f, lda - m, 1, 2, false, 5});
+        }
+    }
+}
+
 TEST_CASE("skinny and attention-shaped products") {
     for (Isa isa : supported_isas()) {
         CAPTURE(isa_name(isa));

@@ -35,6 +35,9 @@ struct SupArgs {
     int64_t ld_chain = 0, chain_depth = 0;
     int64_t bp_j0 = 0;  // the first column bp holds (its panels start there)
     float *b_copy = nullptr;
+    // A packed (pack_a's strips): strip q's panel at a + q * a_panel, rs_a = 1 and cs_a = MR; 0: A
+    // in place, row i at a + i * rs_a. Not with chain or b_copy.
+    int64_t a_panel = 0;
     const float *panel(int64_t j) const { return bp + (j - bp_j0) * bp_depth; }
 };
 

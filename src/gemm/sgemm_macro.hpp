@@ -336,7 +336,7 @@ void sgemm_macro_sup(const SupArgs &s) {
     if (s.b && s.b_copy) return sgemm_sup_chunked<Arch, MR, NV>(s);
     for (int64_t q = 0, n_strips = strip_count(s.mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows, in place
         const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
-        const float *a = s.a + i * s.rs_a;
+        const float *a = s.a_panel ? s.a + q * s.a_panel : s.a + i * s.rs_a;
         if (s.b && s.chain && mr <= kChainRows<MR, NV> && s.k > s.chain_depth) {
             [&]<int... R>(std::integer_sequence<int, R...>) {
                 (void)((mr == R + 1 && (sgemm_sup_chained<Arch, MR, NV, R + 1>(s, i), true)) || ...);
