@@ -76,9 +76,9 @@ const std::vector<GemmShape> &gemm_shapes() {
         // in chunks of depth by every strip at once (see gemm::chunked_rows).
         {"few rows", 'N', 'N', 16, 1024, 1024, false},
         {"few rows", 'N', 'N', 32, 1024, 1024, false},
-        // Small products against B^T (a head's Q K^T at L64 D64; 16 rows against a 128 x 128 weight
-        // stored N x K): B^T stays in cache, and few rows of A^T are transposed per call (see
-        // gemm::sgemm_bt).
+        // Small products against B^T: a head's Q K^T at L64 D64 (B^T small enough for the usual
+        // paths) and 16 rows against a 128 x 128 weight stored N x K (B^T read in place against
+        // A^T's packed panel; see gemm::sgemm_bt).
         {"small NT", 'N', 'T', 64, 64, 64, false},
         {"small NT", 'N', 'T', 16, 128, 128, false},
         // A weight packed once (SgemmPackedB) for every product against it: the projection and a

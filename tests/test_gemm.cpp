@@ -265,10 +265,11 @@ TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
 
 TEST_CASE("A stored transposed on the small-problem path: its strips packed, the bits of A stored as is") {
     // The small-problem path packs the strips of a transposed A whose rows lie a multiple of 1 KiB
-    // apart, or of a large enough product with A^T's rows 64 floats or longer (see sgemm_sup), and
-    // reads the others in place. Every element must have the bits of the same product on A stored
-    // as is (each sum the same ordered chain), and the reference's values: row counts around MR,
-    // the edge panel, depths within and past a KC block, both B layouts, beta 0 and 1.
+    // apart, or of a large enough product with A^T's rows 64 floats or longer apart (see
+    // sgemm_sup), and reads the others in place; few rows against B^T take the B^T path instead,
+    // whose A^T panels are packed too. Every element must have the bits of the same product on A
+    // stored as is (each sum the same ordered chain), and the reference's values: row counts
+    // around MR, the edge panel, depths within and past a KC block, both B layouts, beta 0 and 1.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
@@ -411,9 +412,9 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
     // 9 rows on AVX-512 (all 8 on AVX2), macro_bt from 10 to the lanes, macro_bt_wide past them
     // (A^T one NR-wide panel), and NR + lanes or 2 NR rows as two full panels; alpha 2 and beta 0.5
     // keep to the other paths, and so do NR + 1, NR + lanes + 1 and 2 NR - 1 rows, and, past the
-    // rows path, a B^T of at most 64 x 64 (see sgemm_bt): there the depth of 320 takes the wider
-    // columns through macro_bt and both panels of macro_bt_wide. Past 16 rows, every element's
-    // bits against the packed path's.
+    // rows path, a B^T of at most 64 x 64 (see sgemm_bt): there the depth of 327 takes the wider
+    // columns through macro_bt and both panels of macro_bt_wide. Every element's bits against the
+    // packed path's.
     // Columns around MR and the lanes, depths around the transposed block (16 or 8) and across KC
     // (16 in the small tiles), a padded B^T and C, NaN in C under beta = 0. (test "a row of C has
     // the same bits whatever m is" holds these paths to the others' bits.)
@@ -429,7 +430,7 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
             Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
             for (int64_t m : rows)
                 for (int64_t n : {int64_t{1}, MR - 1, MR, MR + 1, lanes, lanes + 1, 2 * MR + 3, int64_t{100}})
-                    for (int64_t k : {1, 7, 8, 17, 40, 320})
+                    for (int64_t k : {1, 7, 8, 17, 40, 327})
                         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.5f}}) {
                             GemmCase g;
                             g.tb = 'T';
@@ -439,8 +440,8 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
                             g.nan_in_c = beta == 0.0f;
                             g.seed = static_cast<uint32_t>(m * 7919 + n * 31 + k);
                             const auto c = check_gemm(rt, g);
-                            if (m <= 16 || alpha != 1.0f || beta != 0.0f) continue;
-                            // Past the lanes the bits of the packed path (through prepacked weights).
+                            if (alpha != 1.0f || beta != 0.0f) continue;
+                            // The bits of the packed path (through prepacked weights).
                             const int64_t ldb = k + 3, ldc = n + 2;
                             const auto a = test::random_floats(static_cast<size_t>(m * k + 1), g.seed);
                             const auto b = test::random_floats(static_cast<size_t>(n * ldb + 1), g.seed + 7);
@@ -463,7 +464,10 @@ TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, o
         const int64_t MR = uk->mr, NR = uk->nr, m_all = 4 * MR + 3;
         for (bool small : {true, false}) {
             Runtime rt(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
-            for (auto [tb, n, k] : {std::tuple{'N', 2 * NR + 3, 40}, {'T', 2 * NR + 3, 40}, {'N', NR - 1, 33}}) {
+            // ('T' at depth 130: a B^T past 64 x 64, which rows past the rows path take through
+            // macro_bt and macro_bt_wide; see sgemm_bt.)
+            for (auto [tb, n, k] : {std::tuple{'N', 2 * NR + 3, 40}, {'T', 2 * NR + 3, 40}, {'T', 2 * NR + 3, 130},
+                                    {'N', NR - 1, 33}}) {
                 const int64_t lda = k + 1, ldb = (tb == 'N' ? n : k) + 2, ldc = n + 3;
                 const auto a = test::random_floats(static_cast<size_t>(m_all * lda), 11);
                 const auto b = test::random_floats(static_cast<size_t>((tb == 'N' ? k : n) * ldb), 12);

@@ -24,8 +24,9 @@ struct TileConfig {
     int64_t mc = 0;  // rows of the packed A block, shared by the threads (multiple of MR)
     int64_t kc = 0;  // depth of a packed block
     int64_t nc = 0;  // columns of a packed B block, one per thread (multiple of NR)
-    // Small-problem ("sup") path: no packing of A when op(B) has at most sup_max_n columns, or when
-    // the depth is at most sup_max_k and the whole A fits in half of L2.
+    // Small-problem ("sup") path: A read in place (a transposed A's strips copied once per depth
+    // block: see sgemm_sup) when op(B) has at most sup_max_n columns, or when the depth is at most
+    // sup_max_k.
     int64_t sup_max_n = 0;
     int64_t sup_max_k = 0;
     // A strip of at most this many rows against a B read in place that does not fit in L2 (k x n

@@ -239,16 +239,17 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // A stored transposed (A^T row-major) has a strip's MR values of a depth step side by side and
     // the next step a row of A^T further: read in place, a strip takes a line a step, for every
     // tile again, on few L1 sets when the rows lie a multiple of 1 KiB apart. Its strips are
-    // packed once per depth block instead (a copy of MR floats a step), unless A^T's rows are
-    // short (under 64 floats: a few lines hold them all) or the product is small (under 2^22
-    // multiply-adds, where the copy does not pay back). Xeon (AMX), 1 thread, in place -> packed,
+    // packed once per depth block instead (a copy of MR floats a step, for at most MC rows, the
+    // packed path's A block: taller products keep to the old walk), where A^T's rows lie a multiple
+    // of 1 KiB apart, or at least 64 floats apart in a product of 2^22 multiply-adds or more (a
+    // smaller one does not pay the copy back). Xeon (AMX), 1 thread, in place -> packed,
     // the same bits, TN unless noted: 512^3 1.15x (TT 1.17x), 768x512x512 1.20x, 256x512x512
     // 1.10x, 1000x300x200 1.16x, 1024x64x512 1.35x, 2048x2048x64 1.22x, 96x1024x512 1.07x,
     // 300x500x400 1.03x, TT 1024x1024x512 1.72x; A^T's rows 4 KiB apart: 8x1536x512 1.19x,
     // 16x768x768 1.24x, 64x512x512 1.78x. Left in place: 128^3 (0.91x packed), 16x768x768 with
-    // A^T's rows 64 bytes long (0.90x).
+    // A^T's rows 64 bytes apart (0.90x).
     const int64_t lda_t = a.cs;  // A^T's row stride, when a.rs == 1
-    const bool pack_a = a.rs == 1 && lda_t != 1 && !chained && !chunked &&
+    const bool pack_a = a.rs == 1 && lda_t != 1 && !chained && !chunked && m <= t.mc &&
                         (lda_t % 256 == 0 || (lda_t >= 64 && static_cast<double>(m) * n * k >= 4194304.0));
     const int64_t ap_floats = pack_a ? n_ir * MR * kc_max : 0;
     const int64_t copy_floats = chunked ? chunk_depth * 2 * NR * n_ir * T + 16 : 0;  // items: at most n_ir x T
@@ -257,64 +258,73 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     float *ap = pack_a ? bp + kc_max * bp_cols + m * ld_sums + copy_floats : nullptr;
     float *b_copy = chunked ? reinterpret_cast<float *>((reinterpret_cast<std::uintptr_t>(chain + m * ld_sums) + 63) / 64 * 64)
                             : nullptr;
-    for (int64_t jc = 0; jc < n; jc += nc_blk) {                   // JC: a block of B that stays in L2
-        const int64_t nc = std::min(nc_blk, n - jc);
+    // One block of B, columns [jc, jc + NC) and depth [pc, pc + KC), against all the strips.
+    auto block = [&](int64_t jc, int64_t pc) {
+        const int64_t nc = std::min(nc_blk, n - jc);                // JC: a block of B that stays in L2
         const int64_t n_jr = ceil_div(nc, NR);
         const int64_t edge_nr = nc % NR;
-        for (int64_t pc = 0; pc < k; pc += kc_blk) {                // PC: KC deep
-            const int64_t kc = std::min(kc_blk, k - pc);
-            if (pack_a)
-                parallel_chunks(n_ir, T, [&](int64_t q0, int64_t q1) {
-                    const int64_t r0 = strip_start(m, MR, q0);
-                    uk.pack_a(strip_start(m, MR, q1) - r0, kc, a.at(r0, pc), a.rs, a.cs, ap + q0 * MR * kc);
-                });
-            if (!b_direct)
-                parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
-                    const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
-                    uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
-                });
-            else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
-                uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
-
-            const float beta = pc == 0 ? c.beta : 1.0f;
-            // A few strips that do not divide among the threads (3 on 2), or any few strips
-            // against B read in place tile by tile: the threads split the columns instead, each
-            // taking every strip over its share of B, which it then reads once from memory and
-            // keeps in its own L2. Xeon, 2 threads, B in place, GFLOP/s: strips shared out 2 + 1
-            // -> strip x column-half items (B's halves moving between the cores) -> columns only:
-            // 32x2000x1000 188 -> 215 -> 262 (dnnl_sgemm 240), 40x1536x512 279 -> 297 (items ->
-            // columns), 32x640x640 284 -> 305, 96x2000x1000 292 -> 298. Strips that divide evenly,
-            // one per thread (each reading all of B) -> columns: 16x1536x512 214 -> 250 (with the
-            // 48-column tiles of 8-row strips; level before them), 16x2000x1000 186 -> 226,
-            // 24x2000x1000 216 -> 269, 28x1536x512 273 -> 309, 16x640x640 level; but B in chunks
-            // lost (16x1024x1024 202 -> 162: half the width a chunk row), so those keep a strip a
-            // thread. AVX2 (6x16) on the same Xeon: 12x1536x512 125 -> 149, 12x2000x256, 24x2000x200
-            // and 18x1000x300 level. With few columns to share (under 4 panels a thread) the items
-            // stay strip x column share, whose count balances better.
-            const bool uneven = n_ir >= T && n_ir < 4 * T && (n_ir % T != 0 || (T > 1 && b_direct && !chunked));
-            const bool by_columns = uneven && n_jr >= 4 * T;
-            const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
-            const int64_t jr_split = uneven ? std::min(n_jr, T) : n_ir < T ? std::min(n_jr, ceil_div(T, n_ir)) : 1;
-            const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
-            parallel_items(ir_split * jr_split, T, [&](int64_t item) {
-                const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
-                const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
-                if (ir0 >= ir1 || jr0 >= jr1) return;
-                const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
-                SupArgs args{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
-                             b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta,
-                             chain ? chain + i0 * ld_sums : nullptr, ld_sums, sums_depth,
-                             b_direct ? (n_jr - 1) * NR : 0, b_copy ? b_copy + item * chunk_depth * 2 * NR : nullptr};
-                if (pack_a) {
-                    args.a = ap + ir0 * MR * kc;
-                    args.rs_a = 1;
-                    args.cs_a = MR;
-                    args.a_panel = MR * kc;
-                }
-                uk.macro_sup(args);
+        const int64_t kc = std::min(kc_blk, k - pc);                // PC: KC deep
+        if (!b_direct)
+            parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
+                const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
+                uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
             });
+        else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
+            uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
+
+        const float beta = pc == 0 ? c.beta : 1.0f;
+        // A few strips that do not divide among the threads (3 on 2), or any few strips
+        // against B read in place tile by tile: the threads split the columns instead, each
+        // taking every strip over its share of B, which it then reads once from memory and
+        // keeps in its own L2. Xeon, 2 threads, B in place, GFLOP/s: strips shared out 2 + 1
+        // -> strip x column-half items (B's halves moving between the cores) -> columns only:
+        // 32x2000x1000 188 -> 215 -> 262 (dnnl_sgemm 240), 40x1536x512 279 -> 297 (items ->
+        // columns), 32x640x640 284 -> 305, 96x2000x1000 292 -> 298. Strips that divide evenly,
+        // one per thread (each reading all of B) -> columns: 16x1536x512 214 -> 250 (with the
+        // 48-column tiles of 8-row strips; level before them), 16x2000x1000 186 -> 226,
+        // 24x2000x1000 216 -> 269, 28x1536x512 273 -> 309, 16x640x640 level; but B in chunks
+        // lost (16x1024x1024 202 -> 162: half the width a chunk row), so those keep a strip a
+        // thread. AVX2 (6x16) on the same Xeon: 12x1536x512 125 -> 149, 12x2000x256, 24x2000x200
+        // and 18x1000x300 level. With few columns to share (under 4 panels a thread) the items
+        // stay strip x column share, whose count balances better.
+        const bool uneven = n_ir >= T && n_ir < 4 * T && (n_ir % T != 0 || (T > 1 && b_direct && !chunked));
+        const bool by_columns = uneven && n_jr >= 4 * T;
+        const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
+        const int64_t jr_split = uneven ? std::min(n_jr, T) : n_ir < T ? std::min(n_jr, ceil_div(T, n_ir)) : 1;
+        const int64_t ir_per = ceil_div(n_ir, ir_split), jr_per = ceil_div(n_jr, jr_split);
+        parallel_items(ir_split * jr_split, T, [&](int64_t item) {
+            const int64_t ir0 = item / jr_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
+            const int64_t jr0 = item % jr_split * jr_per, jr1 = std::min(n_jr, jr0 + jr_per);
+            if (ir0 >= ir1 || jr0 >= jr1) return;
+            const int64_t i0 = strip_start(m, MR, ir0), rows = strip_start(m, MR, ir1) - i0;  // whole strips
+            SupArgs args{rows, nc, kc, jr0, jr1, a.at(i0, pc), a.rs, a.cs, b_direct ? b.at(pc, jc) : nullptr,
+                         b.rs, bp, kc, c.p + i0 * c.ld + jc, c.ld, c.alpha, beta,
+                         chain ? chain + i0 * ld_sums : nullptr, ld_sums, sums_depth,
+                         b_direct ? (n_jr - 1) * NR : 0, b_copy ? b_copy + item * chunk_depth * 2 * NR : nullptr};
+            if (pack_a) {
+                args.a = ap + ir0 * MR * kc;
+                args.rs_a = 1;
+                args.cs_a = MR;
+                args.a_panel = MR * kc;
+            }
+            uk.macro_sup(args);
+        });
+    };
+    if (pack_a) {
+        // The depth blocks outermost, so A's strips are packed once for all the blocks of columns;
+        // every element still takes its depth blocks in order.
+        for (int64_t pc = 0; pc < k; pc += kc_blk) {
+            const int64_t kc = std::min(kc_blk, k - pc);
+            parallel_chunks(n_ir, T, [&](int64_t q0, int64_t q1) {
+                const int64_t r0 = strip_start(m, MR, q0);
+                uk.pack_a(strip_start(m, MR, q1) - r0, kc, a.at(r0, pc), a.rs, a.cs, ap + q0 * MR * kc);
+            });
+            for (int64_t jc = 0; jc < n; jc += nc_blk) block(jc, pc);
         }
+        return;
     }
+    for (int64_t jc = 0; jc < n; jc += nc_blk)
+        for (int64_t pc = 0; pc < k; pc += kc_blk) block(jc, pc);
 }
 
 // Few rows against B^T (m <= the kernel's NR, or two full panels; alpha = 1, beta 0 or 1), B^T

@@ -10,7 +10,8 @@
 
 namespace mha::gemm {
 
-// The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a); the NR-column
+// The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a), or from its packed
+// strips (a_panel, below); the NR-column
 // panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
 // else from the packed panels bp, each bp_depth (>= k) deep. The panel cut by the column edge
 // always comes packed (in bp), from column bp_j0 on. chain (optional, with b and one strip of at
