@@ -7,10 +7,12 @@
 // stored. With so few rows the transposes, not the FMAs, are the work, and B's reads pace them:
 // one tile (W rows of B^T) is walked along its depth at a time, W streams the hardware
 // prefetchers follow. Zen 5, 1 thread, a 1536 x 512 B^T from L3: its transposes took 33 us 16
-// rows at a time, 44 us 32 at a time and 73 us when the panels were also stored, as packing does. Two or more tiles side by side (more independent FMA chains
-// for one or two rows) ran 1.3-1.9x slower for the same reason, and so did prefetching the next
-// tile's rows ahead. Registers: M sums, W columns and a broadcast; from 10 rows on AVX-512 they
-// spill (10 rows 0.56x dnnl_sgemm, against 1.21x at 9), and macro_bt takes over.
+// rows at a time, 44 us 32 at a time and 73 us when the panels were also stored, as packing
+// does. Two or more tiles side by side (more independent FMA chains for one or two rows) ran
+// 1.3-1.9x slower for the same reason, and so did prefetching the next tile's rows ahead; two
+// tiles on the Xeon (AMX) too: 1x512x512 NT 0.77x, 1x768x3072 0.83x, 2x1536x512 0.88x.
+// Registers: M sums, W columns and a broadcast; from 10 rows on AVX-512 they spill (10 rows 0.56x
+// dnnl_sgemm, against 1.21x at 9), and macro_bt takes over.
 #pragma once
 
 #include <cstdint>

@@ -10,17 +10,16 @@
 
 namespace mha::gemm {
 
-// The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a), or from its packed
-// strips (a_panel, below); the NR-column
-// panels [jr0, jr1) of op(B) read in place from b (rs_b, columns contiguous) when b is not NULL,
-// else from the packed panels bp, each bp_depth (>= k) deep. The panel cut by the column edge
-// always comes packed (in bp), from column bp_j0 on. chain (optional, with b and one strip of at
-// most chain_rows rows; ld_chain >= jr1 NR floats a row): room for the strip's sums, and the
-// strip then reads B's depth in chunks of chain_depth rows across all its tiles (see
-// sgemm_sup_chained). b_copy (optional, with b and chain; chain_depth x 2 NR floats, 64-byte
-// aligned): every strip of the call takes each chunk in turn, the sums of row i at chain + i
-// ld_chain, the first strip copying the chunk of B it reads there for the others (see
-// sgemm_sup_chunked).
+// The small-problem tiles: rows [0, mc) of op(A) read in place (a, rs_a, cs_a), or from its
+// packed strips (a_panel, below); the NR-column panels [jr0, jr1) of op(B) read in place from b
+// (rs_b, columns contiguous) when b is not NULL, else from the packed panels bp, each bp_depth
+// (>= k) deep. The panel cut by the column edge always comes packed (in bp), from column bp_j0
+// on. chain (optional, with b and one strip of at most chain_rows rows; ld_chain >= jr1 NR floats
+// a row): room for the strip's sums, and the strip then reads B's depth in chunks of chain_depth
+// rows across all its tiles (see sgemm_sup_chained). b_copy (optional, with b and chain;
+// chain_depth x 2 NR floats, 64-byte aligned): every strip of the call takes each chunk in turn,
+// the sums of row i at chain + i ld_chain, the first strip copying the chunk of B it reads there
+// for the others (see sgemm_sup_chunked).
 struct SupArgs {
     int64_t mc, nc, k, jr0, jr1;
     const float *a;

@@ -334,7 +334,8 @@ template <class Arch, int MR, int NV>
 void sgemm_macro_sup(const SupArgs &s) {
     constexpr int NR = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
     if (s.b && s.b_copy) return sgemm_sup_chunked<Arch, MR, NV>(s);
-    for (int64_t q = 0, n_strips = strip_count(s.mc, MR); q < n_strips; ++q) {  // JR: a strip of A's rows (in place or packed)
+    // JR: a strip of A's rows, in place or packed (SupArgs::a_panel)
+    for (int64_t q = 0, n_strips = strip_count(s.mc, MR); q < n_strips; ++q) {
         const int64_t i = strip_start(s.mc, MR, q), mr = strip_start(s.mc, MR, q + 1) - i;
         const float *a = s.a_panel ? s.a + q * s.a_panel : s.a + i * s.rs_a;
         if (s.b && s.chain && mr <= kChainRows<MR, NV> && s.k > s.chain_depth) {

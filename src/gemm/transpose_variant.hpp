@@ -18,8 +18,8 @@
 // A^T in the GEMM) stay on the shuffles everywhere: there the source comes from L2 or farther,
 // the loads pace the pack, and the inserts measured level or slower on this Xeon (2048x2048x64
 // NT 0.991x, 4096x1536x512 NT 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128
-// 0.993-1.008x; medians of 15-61 interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read
-// when a Runtime is made; a value that is neither is refused).
+// 0.993-1.008x; medians of 15-61 interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides
+// the choice for the process (read when a Runtime is made; a value that is neither is refused).
 #pragma once
 
 #include <atomic>
