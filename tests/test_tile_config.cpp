@@ -192,7 +192,7 @@ TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 
 // The per-CPU GEMM blocking rules of default_tile_config, on the caches of the machines they were
 // measured on (src/runtime/tile_config.cpp). Only the numbers are computed: no kernel runs, so
 // every rule is checked on any host.
-TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, the formulas elsewhere; the chain's rows by vendor") {
+TEST_CASE("default GEMM blocking: AVX-512 KC from the A micro-panel (512 at 48 KiB of L1d, 336 at 32 KiB), the formulas on AVX2; the chain's rows by vendor") {
     auto caches = [](int64_t l1d, int64_t l2, int64_t l3, bool amd, int family) {
         CacheSizes c;
         c.l1d = l1d; c.l2 = l2; c.l3 = l3; c.amd = amd; c.family = family;
@@ -213,10 +213,14 @@ TEST_CASE("default GEMM blocking: KC 512 on AVX-512 cores with 48 KiB of L1d, th
     CHECK(zen5.nc == 256);
     CHECK(zen5.mc == 2044);
     CHECK(zen5.parallel_min_flops == int64_t{9} << 19);
-    // A 32 KiB L1d (Zen 4, Skylake-X) keeps the formula: L1d / ((MR + NR) 4) = 178 -> 176.
+    // A 32 KiB L1d (Zen 4, Skylake-X): the A micro-panel in 7/12 of it, 32 KiB x 7/12 / (14 x 4)
+    // = 341 -> 336; NC = 1 MiB / 2 / (4 KC) = 390 -> 384.
     const TileConfig zen4 = default_tile_config(Isa::avx512, caches(32 * KiB, 1 * MiB, 32 * MiB, true, 0x19));
-    CHECK(zen4.kc == 176);
-    CHECK(zen4.nc == 1 * MiB / 2 / (176 * 4) / 32 * 32);
+    CHECK(zen4.kc == 336);
+    CHECK(zen4.nc == 384);
+    CHECK(zen4.sup_max_k == 336);
+    // The rule stops at KC 512 (a 64 KiB L1d would give 682).
+    CHECK(default_tile_config(Isa::avx512, caches(64 * KiB, 2 * MiB, 32 * MiB, false, 6)).kc == 512);
     // AVX2 (6x16) keeps the formula on any cache: 48 KiB / (22 x 4) = 558 -> 552.
     const TileConfig avx2 = default_tile_config(Isa::avx2, caches(48 * KiB, 2 * MiB, 480 * MiB, false, 6));
     CHECK(avx2.kc == 552);

@@ -86,13 +86,25 @@ std::vector<Shape> make_shapes(bool quick, std::vector<std::vector<float>> &stor
 }
 
 // GEMM blocking candidates that fit the caches: KC so the MR x KC and KC x NR micro-panels fill
-// 1/2 to 5/4 of L1, NC so the KC x NC block takes 1/4 to 3/4 of L2, MC a quarter or an eighth of L3.
+// 1/2 to 5/4 of L1, or so the MR x KC micro-panel alone fills 1/2 or 3/4 of it (B streaming from
+// L2 beside it, where the AVX-512 defaults were measured best: see tile_config.cpp); NC so the
+// KC x NC block takes 1/4 to 3/4 of L2, MC a quarter or an eighth of L3.
+std::vector<int64_t> kc_candidates(const gemm::SgemmKernel &uk, int64_t l1d, bool quick) {
+    std::vector<int64_t> kcs;
+    auto add = [&](double share, int64_t floats_per_step) {  // KC 768 at most: deeper was no better where measured
+        const int64_t kc = std::clamp<int64_t>(static_cast<int64_t>(share * static_cast<double>(l1d)) / (floats_per_step * 4) / 8 * 8, 32, 768);
+        if (std::find(kcs.begin(), kcs.end(), kc) == kcs.end()) kcs.push_back(kc);
+    };
+    for (double l1 : quick ? std::vector<double>{0.5, 0.75, 1.0} : std::vector<double>{0.5, 0.75, 1.0, 1.25}) add(l1, uk.mr + uk.nr);
+    for (double l1 : quick ? std::vector<double>{0.75} : std::vector<double>{0.5, 0.75}) add(l1, uk.mr);
+    return kcs;
+}
+
 std::vector<TileConfig> gemm_candidates(Isa isa, const CacheSizes &c, const TileConfig &def, bool quick) {
     std::vector<TileConfig> out;
     for (const auto &uk : gemm::all_sgemm_kernels()) {
         if (uk.isa != isa) continue;
-        for (double l1 : quick ? std::vector<double>{0.5, 0.75, 1.0} : std::vector<double>{0.5, 0.75, 1.0, 1.25}) {
-            const int64_t kc = std::max<int64_t>(32, static_cast<int64_t>(l1 * static_cast<double>(c.l1d)) / ((uk.mr + uk.nr) * 4) / 8 * 8);
+        for (const int64_t kc : kc_candidates(uk, c.l1d, quick)) {
             for (double l2 : quick ? std::vector<double>{0.5} : std::vector<double>{0.25, 0.5, 0.75}) {
                 TileConfig t = def;
                 t.gemm_ukernel = uk.name;

@@ -69,9 +69,20 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // loops (A and B in L1, no C) level with each other, at 83-98% of the start-up FMA probe as the
     // host's load came and went, and the 14x32 microkernel at KC 512 at 86-99% of its loop in the
     // same run: no shape has room that 14x32 lacks.
-    // Zen 4 and Skylake-X (32 KiB L1d) would keep 4 KiB beside it: unmeasured, they keep the formula.
+    // As a rule of L1d: the A micro-panel takes 7/12 of it (28 KiB of 48 at KC 512), up to KC 512
+    // (768 rejected above). A 32 KiB L1d (Zen 4, Skylake-X and Cascade Lake) so gets KC 336 (an
+    // 18.4 KiB A micro-panel), not the first formula's 176 (9.9 KiB), which both 48 KiB cores had
+    // beaten by 1-5%. Not measured on such a core; BLIS's tuned blockings for the two point the
+    // same way: its sgemm keeps a 12 x KC micro-panel of the broadcast operand in L1 beside a
+    // 32-wide one from L2, as this kernel does with A, at KC 384 on Skylake-X (18 KiB, 56% of L1d)
+    // and KC 480 on Zen 4 (22.5 KiB, 70%). mha-tune searches this range on the machine
+    // (tools/mha_tune.cpp: A micro-panels of 1/2 and 3/4 of L1d). On the 48 KiB Xeon (2026-11-26,
+    // 1 thread, against dnnl_sgemm, one interleaved run each), KC 176 / 336 / 512 with the
+    // formula's NC: 1024^3 0.99 / 1.04 / 1.07x, 1024x1536x512 NT 0.95 / 1.05 / 1.07x, 1024x512x512
+    // NT 1.00 / 1.03 / 1.07x, 2048x1536x512 0.96 / 0.98 / 0.99x; mha-tune --quick with the deeper
+    // candidates: 14x32 KC 656 0.985x, 6x64 and 8x48 KC 768 0.987x, the defaults best again.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
-    if (uk.isa == Isa::avx512 && caches.l1d >= 48 * 1024) t.kc = 512;
+    if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
     // 2 MiB L2, KC = 264 -> NC = 992 (a multiple of NR = 32). 256 to 1024 measured within noise.
     // AMD EPYC Zen 3 (AVX2, 32 KiB L1d, 512 KiB L2) gives KC = 368, NC = 176 for avx2_6x16; the
