@@ -693,7 +693,7 @@ double process_cpu_seconds() {
 } // namespace
 
 std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps,
-                                     std::vector<double> *cpu_per_wall) {
+                                     std::vector<double> *cpu_per_wall, const std::function<void()> &before) {
     using clock = std::chrono::steady_clock;
     for (const auto &fn : fns) fn();  // warm-up
     std::vector<std::vector<double>> t(fns.size());
@@ -709,6 +709,7 @@ std::vector<double> time_interleaved(const std::vector<std::function<void()>> &f
         // Zen 3 (the first of a row was measured at 0.18x the same call placed elsewhere), and a
         // rotation would keep that neighbour.
         for (std::shuffle(order.begin(), order.end(), rng); size_t i : order) {
+            if (before) before();
             const double c0 = process_cpu_seconds();
             const auto t0 = clock::now();
             fns[i]();

@@ -244,9 +244,11 @@ void openblas_sgemm(int threads, char ta, char tb, int64_t m, int64_t n, int64_t
 // tenants of the machine falls on all of them alike; about `budget_s` seconds in all. With
 // cpu_per_wall, also each function's process CPU time over its wall time, summed over its timed
 // runs: how many threads it kept busy (an anchor whose library ignores the thread count it was
-// given shows here).
+// given shows here). With `before`, it runs (untimed) ahead of every timed call: the state a call
+// meets (mha-tune's threads phase: the calling thread busy a while, so the arena's workers sleep).
 std::vector<double> time_interleaved(const std::vector<std::function<void()>> &fns, double budget_s, int min_reps = 3,
-                                     std::vector<double> *cpu_per_wall = nullptr);
+                                     std::vector<double> *cpu_per_wall = nullptr,
+                                     const std::function<void()> &before = nullptr);
 
 // Median seconds of `fn` over repetitions after a warm-up, running for about `budget_s` seconds.
 double time_median(const std::function<void()> &fn, double budget_s, int min_reps = 3);

@@ -18,12 +18,7 @@ namespace {
 }
 
 bool same(const mha::TileConfigFile &a, const mha::TileConfigFile &b) {
-    const mha::TileConfig &x = a.tiles, &y = b.tiles;
-    return a.isa == b.isa && a.cpu == b.cpu && a.date == b.date && x.gemm_ukernel == y.gemm_ukernel && x.mc == y.mc &&
-           x.kc == y.kc && x.nc == y.nc && x.sup_max_n == y.sup_max_n && x.sup_max_k == y.sup_max_k &&
-           x.attn_block_q == y.attn_block_q && x.attn_block_k == y.attn_block_k && x.attn_kv_chunk == y.attn_kv_chunk &&
-           x.parallel_min_flops == y.parallel_min_flops && x.parallel_min_elems == y.parallel_min_elems &&
-           x.sup_chain_rows == y.sup_chain_rows;
+    return a.isa == b.isa && a.cpu == b.cpu && a.date == b.date && a.tiles == b.tiles;
 }
 
 } // namespace

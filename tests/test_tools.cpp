@@ -33,32 +33,66 @@ std::string run_args() {
 
 } // namespace
 
+namespace {
+
+// mha-tune's CSV: each phase with the shapes it measured its candidates on.
+std::map<std::string, std::set<std::string>> csv_phases(const std::string &path) {
+    std::ifstream csv(path);
+    std::string header, line;
+    std::getline(csv, header);
+    CHECK(header.rfind("phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,"
+                       "parallel_min_flops,shape,", 0) == 0);
+    std::map<std::string, std::set<std::string>> phases;
+    while (std::getline(csv, line)) {
+        const auto q0 = line.find('"'), q1 = line.find('"', q0 + 1);
+        REQUIRE(q1 != std::string::npos);
+        phases[line.substr(0, line.find(','))].insert(line.substr(q0 + 1, q1 - q0 - 1));
+    }
+    return phases;
+}
+
+} // namespace
+
 TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime and mha-run use it") {
     TempDir tmp;
     const auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
     INFO(r.output);
     REQUIRE(r.code == 0);
     CHECK(r.output.find("speedup") != std::string::npos);
+    CHECK(r.output.find("all shapes (geometric mean)") != std::string::npos);
     const TileConfigFile f = load_tile_config(tmp / "t.json");
     CHECK(f.isa == best_isa());
     CHECK(f.cpu == cpu_model_name());
     CHECK(f.date.size() == 20);
-    std::ifstream csv(tmp / "t.csv");
-    std::string header, line;
-    std::getline(csv, header);
-    CHECK(header.rfind("phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k", 0) == 0);
-    int rows = 0;
-    std::set<std::string> phases;
-    while (std::getline(csv, line)) {
-        ++rows;
-        phases.insert(line.substr(0, line.find(',')));
-    }
-    CHECK(rows >= 2);
-    CHECK(phases == std::set<std::string>{"gemm", "attention"});
+    // One thread: no threads phase. The GEMM candidates are scored on the attention too (their
+    // microkernel runs it), the rows phase on few-row products.
+    const auto phases = csv_phases(tmp / "t.csv");
+    REQUIRE(phases.size() == 3);
+    CHECK(phases.count("gemm"));
+    CHECK(phases.count("attention"));
+    REQUIRE(phases.count("rows"));
+    CHECK(phases.at("gemm").count("attention L1024 H8 D64"));
+    CHECK(phases.at("gemm").count("gemm 1024x512x512 NT"));
+    CHECK(phases.at("rows").count("gemm 1x2000x2000 NN"));
 
     const auto ok = run_tool("MHA_RUN", run_args(), true, "MHA_TILE_CONFIG=" + shell_quote(tmp / "t.json"));
     INFO(ok.output);
     CHECK(ok.code == 0);
+}
+
+TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a second thread") {
+    TempDir tmp;
+    const auto r = run_tool("MHA_TUNE", "--quick --threads 2 --max-candidates 1 --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("parallel_min_flops=") != std::string::npos);
+    const auto phases = csv_phases(tmp / "t.csv");
+    REQUIRE(phases.count("threads"));
+    CHECK(phases.at("threads").count("gemm 128^3 NN"));
+    CHECK(phases.at("threads").count("attention L64 H8 D64"));
+    const TileConfigFile f = load_tile_config(tmp / "t.json");
+    CHECK(f.tiles.parallel_min_flops >= int64_t{2} << 20);
+    CHECK(f.tiles.parallel_min_flops <= int64_t{32} << 20);
 }
 
 TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run and mha-tune with the file and the problem") {

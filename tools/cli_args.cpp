@@ -86,8 +86,10 @@ const char *const kBenchUsage =
 const char *const kTuneUsage =
     "usage: mha-tune [--quick] [--out FILE] [--csv FILE] [--threads N]\n"
     "  Searches the GEMM blocking (MC, KC, NC, microkernel) and the attention tiles (query block, key\n"
-    "  block) that fit this CPU's caches, on the projection and attention shapes, and compares the best\n"
-    "  with the defaults.\n"
+    "  block) that fit this CPU's caches, on the projection and attention shapes; then sup_chain_rows on\n"
+    "  few-row products and, with --threads above 1, parallel_min_flops on small calls made after the\n"
+    "  workers have gone to sleep; and compares the best with the defaults (over all shapes, or it keeps\n"
+    "  the defaults).\n"
     "  --quick          a short search (under a minute)\n"
     "  --out FILE       write the best tile config as JSON (MHA_TILE_CONFIG=FILE makes the runtime use it)\n"
     "  --csv FILE       write every measured candidate\n"

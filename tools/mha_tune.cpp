@@ -5,7 +5,10 @@
 // candidate is timed interleaved with the defaults (candidate, default, candidate, ...), so the
 // noise of a shared machine falls on both alike, and scored by the geometric mean of its speedups.
 // The GEMM blocking is searched first (microkernel, KC, NC, MC), then the attention tiles on the
-// best GEMM blocking.
+// best GEMM blocking, then the per-CPU thresholds on the tiles found so far: the rows a strip must
+// have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products), and,
+// tuning for more than one thread, the work from which a call takes the arena's other threads
+// (parallel_min_flops, on small calls made after the workers have gone to sleep).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,12 +31,28 @@ using namespace mha;
 
 namespace {
 
-// One benchmark shape: runs the work on a runtime.
+// One benchmark shape: runs the work on a runtime, in the search phase it belongs to.
 struct Shape {
     std::string name;
-    bool gemm;  // a GEMM shape (else attention)
+    std::string phase;  // "gemm", "attention", "rows" or "threads"
     std::function<void(Runtime &)> run;
+    // Scored in the gemm phase too: the microkernel found there also runs the attention (with
+    // 8x48, the attention ran 0.62-0.84x the default's on Zen 5 while the projections gained).
+    bool kernel_probe = false;
 };
+
+bool scored_in(const Shape &s, const std::string &phase) { return s.phase == phase || (phase == "gemm" && s.kernel_probe); }
+
+// The threads phase times each call after this much work on the calling thread, so the arena's
+// workers have gone to sleep as between a server's calls (they sleep after about 100 us idle on
+// the machines measured; see tile_config.cpp).
+constexpr auto kIdleGap = std::chrono::microseconds(300);
+
+void busy_gap() {
+    const auto until = std::chrono::steady_clock::now() + kIdleGap;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+}
 
 // A candidate replaces the defaults only if it is this much faster: smaller gains are noise here.
 constexpr double kMinGain = 1.02;
@@ -45,7 +64,7 @@ struct Measured {
     double score = 0;  // geometric mean of default_ms / ms
 };
 
-std::vector<Shape> make_shapes(bool quick, std::vector<std::vector<float>> &store) {
+std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<float>> &store) {
     std::vector<Shape> shapes;
     auto buffer = [&](size_t n, float v) -> float * {
         store.emplace_back(n, v);
@@ -60,7 +79,7 @@ std::vector<Shape> make_shapes(bool quick, std::vector<std::vector<float>> &stor
     for (const G g : gemms) {
         const float *a = buffer(static_cast<size_t>(g.m * g.k), 0.5f), *b = buffer(static_cast<size_t>(g.n * g.k), 0.25f);
         float *c = buffer(static_cast<size_t>(g.m * g.n), 0.0f);
-        shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NT", true,
+        shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NT", "gemm",
                           [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, g.m, g.n, g.k, 1.0f, a, g.k, b, g.k, 0.0f, c, g.n); }});
     }
     // Attention of the same layer: H 8, D 64.
@@ -79,7 +98,41 @@ std::vector<Shape> make_shapes(bool quick, std::vector<std::vector<float>> &stor
         p.num_heads = p.num_kv_heads = 8;
         p.head_dim = p.value_dim = 64;
         p.causal = causal;
-        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), false,
+        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), "attention",
+                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, len == 1024});
+    }
+    // Few rows (decode's projections) against a B past L2, its rows not a multiple of 4 KiB apart
+    // (where sup_chain_rows decides between the chain and the tiles; 4 KiB strides always chain).
+    std::vector<G> rows = {{1, 2000, 2000}, {2, 3000, 768}, {4, 1500, 1000}};
+    if (!quick) {
+        rows.push_back({3, 2000, 2000});
+        rows.push_back({6, 2000, 1000});
+    }
+    for (const G g : rows) {
+        const float *a = buffer(static_cast<size_t>(g.m * g.k), 0.5f), *b = buffer(static_cast<size_t>(g.k * g.n), 0.25f);
+        float *c = buffer(static_cast<size_t>(g.m * g.n), 0.0f);
+        shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NN", "rows",
+                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, g.m, g.n, g.k, 1.0f, a, g.k, b, g.n, 0.0f, c, g.n); }});
+    }
+    if (threads == 1) return shapes;
+    // Small calls around the break-even of a second thread: sgemm n^3 (4.2 to 33.5 MFLOP) and
+    // attention H8 D64 (4.7 to 18.9 MFLOP).
+    for (const int64_t n : quick ? std::vector<int64_t>{128, 192} : std::vector<int64_t>{128, 160, 192, 256}) {
+        const float *a = buffer(static_cast<size_t>(n * n), 0.5f), *b = buffer(static_cast<size_t>(n * n), 0.25f);
+        float *c = buffer(static_cast<size_t>(n * n), 0.0f);
+        shapes.push_back({"gemm " + std::to_string(n) + "^3 NN", "threads",
+                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); }});
+    }
+    for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96}) {
+        const size_t n = static_cast<size_t>(len * 8 * 64);
+        const float *q = buffer(n, 0.01f), *k = buffer(n, 0.02f), *v = buffer(n, 0.5f);
+        float *o = buffer(n, 0.0f);
+        AttentionParams p;
+        p.batch = 1;
+        p.q_len = p.kv_len = len;
+        p.num_heads = p.num_kv_heads = 8;
+        p.head_dim = p.value_dim = 64;
+        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64", "threads",
                           [=](Runtime &rt) { attention(rt, p, q, k, v, o); }});
     }
     return shapes;
@@ -140,15 +193,50 @@ std::vector<TileConfig> attention_candidates(const CacheSizes &c, const TileConf
     return out;
 }
 
+// The rows that take sup_chain_rows' walk: none, and 1 to 6 (AVX2: up to 4 was measured best on Intel).
+std::vector<TileConfig> rows_candidates(const TileConfig &base, bool quick) {
+    std::vector<TileConfig> out;
+    for (const int64_t r : quick ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 1, 2, 3, 4, 6}) {
+        if (r == base.sup_chain_rows) continue;
+        TileConfig t = base;
+        t.sup_chain_rows = r;
+        out.push_back(t);
+    }
+    return out;
+}
+
+// The work (flops) from which a call takes the arena's other threads: 2 to 32 MFLOP.
+std::vector<TileConfig> threads_candidates(const TileConfig &base, bool quick) {
+    std::vector<TileConfig> out;
+    for (const int64_t mflop : quick ? std::vector<int64_t>{4, 16} : std::vector<int64_t>{2, 4, 8, 16, 32}) {
+        const int64_t flops = mflop << 20;
+        if (flops == base.parallel_min_flops) continue;
+        TileConfig t = base;
+        t.parallel_min_flops = flops;
+        out.push_back(t);
+    }
+    return out;
+}
+
 std::string describe(const std::string &phase, const TileConfig &t) {
     char buf[160];
     if (phase == "gemm")
         std::snprintf(buf, sizeof buf, "%s mc=%ld kc=%ld nc=%ld", t.gemm_ukernel.c_str(), static_cast<long>(t.mc),
                       static_cast<long>(t.kc), static_cast<long>(t.nc));
-    else
+    else if (phase == "attention")
         std::snprintf(buf, sizeof buf, "block_q=%ld block_k=%ld", static_cast<long>(t.attn_block_q),
                       static_cast<long>(t.attn_block_k));
+    else if (phase == "rows")
+        std::snprintf(buf, sizeof buf, "sup_chain_rows=%ld", static_cast<long>(t.sup_chain_rows));
+    else
+        std::snprintf(buf, sizeof buf, "parallel_min_flops=%ld", static_cast<long>(t.parallel_min_flops));
     return buf;
+}
+
+// Times the shape on two runtimes, interleaved; the threads phase after an idle gap each call.
+std::vector<double> time_pair(const Shape &s, Runtime &a, Runtime &b, double budget) {
+    return bench::time_interleaved({[&] { s.run(a); }, [&] { s.run(b); }}, budget, 3, nullptr,
+                                   s.phase == "threads" ? std::function<void()>(busy_gap) : nullptr);
 }
 
 void progress(int done, int total, const std::string &what) {
@@ -172,8 +260,8 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
         double log_sum = 0;
         int n = 0;
         for (const auto &s : shapes) {
-            if (s.gemm != (phase == "gemm")) continue;
-            const auto times = bench::time_interleaved({[&] { s.run(rt); }, [&] { s.run(def_rt); }}, budget);
+            if (!scored_in(s, phase)) continue;
+            const auto times = time_pair(s, rt, def_rt, budget);
             m.ms.push_back(times[0] * 1e3);
             m.default_ms.push_back(times[1] * 1e3);
             log_sum += std::log(times[1] / times[0]);
@@ -203,7 +291,7 @@ int tune(const cli::TuneOptions &o) {
                  std::string(isa_name(isa)).c_str(), static_cast<long>(caches.l1d >> 10), static_cast<long>(caches.l2 >> 10),
                  static_cast<long>(caches.l3 >> 20), o.threads, o.threads > 1 ? "s" : "", o.quick ? ", quick" : "");
     std::vector<std::vector<float>> store;
-    const auto shapes = make_shapes(o.quick, store);
+    const auto shapes = make_shapes(o.quick, o.threads, store);
     const double budget = o.quick ? 0.4 : 1.0;
 
     auto limit = [&](std::vector<TileConfig> v) {
@@ -211,9 +299,13 @@ int tune(const cli::TuneOptions &o) {
         return v;
     };
     const auto gc = limit(gemm_candidates(isa, caches, def, o.quick));
-    // The attention candidates depend on the best GEMM kernel; count them for the progress bar
-    // with the default's, which has the same number whenever MR is the same.
-    const int total_guess = static_cast<int>(gc.size() + limit(attention_candidates(caches, def, o.quick)).size());
+    // The later phases' candidates depend on the tiles found before them; count them for the
+    // progress bar with the defaults', which give as many whenever MR is the same.
+    auto later = [&](const TileConfig &t) {
+        return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
+               (o.threads > 1 ? limit(threads_candidates(t, o.quick)).size() : 0);
+    };
+    const int total_guess = static_cast<int>(gc.size() + later(def));
     std::vector<Measured> all;
     int done = 0;
     search("gemm", gc, shapes, base, def, budget, all, done, total_guess);
@@ -221,29 +313,56 @@ int tune(const cli::TuneOptions &o) {
     TileConfig best = best_gemm->score > kMinGain ? best_gemm->tiles : def;
     const auto ac = limit(attention_candidates(caches, best, o.quick));
     const size_t first_attn = all.size();
-    search("attention", ac, shapes, base, def, budget, all, done, static_cast<int>(gc.size() + ac.size()));
-    const auto best_attn = std::max_element(all.begin() + static_cast<std::ptrdiff_t>(first_attn), all.end(),
-                                            [](auto &a, auto &b) { return a.score < b.score; });
-    if (best_attn != all.end() && best_attn->score > kMinGain) {
-        best.attn_block_q = best_attn->tiles.attn_block_q;
-        best.attn_block_k = best_attn->tiles.attn_block_k;
-        best.attn_kv_chunk = best_attn->tiles.attn_kv_chunk;
+    const int total = static_cast<int>(gc.size() + later(best));
+    search("attention", ac, shapes, base, def, budget, all, done, total);
+    auto best_of = [&](size_t first) {
+        const auto it = std::max_element(all.begin() + static_cast<std::ptrdiff_t>(first), all.end(),
+                                         [](auto &a, auto &b) { return a.score < b.score; });
+        return it != all.end() && it->score > kMinGain ? &it->tiles : nullptr;
+    };
+    if (const TileConfig *t = best_of(first_attn)) {
+        best.attn_block_q = t->attn_block_q;
+        best.attn_block_k = t->attn_block_k;
+        best.attn_kv_chunk = t->attn_kv_chunk;
+    }
+    // The thresholds, each against the tiles found so far (the defaults, unless a phase above
+    // changed them), so a score is the key's own effect.
+    const size_t first_rows = all.size();
+    search("rows", limit(rows_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
+    if (const TileConfig *t = best_of(first_rows)) best.sup_chain_rows = t->sup_chain_rows;
+    if (o.threads > 1) {
+        const size_t first_threads = all.size();
+        search("threads", limit(threads_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
+        if (const TileConfig *t = best_of(first_threads)) best.parallel_min_flops = t->parallel_min_flops;
     }
 
-    // The verdict: the best candidate against the defaults on every shape, measured once more.
+    // The verdict: the best candidate against the defaults on every shape, measured once more. The
+    // phases each judged their keys on their own shapes; the whole set must also beat the defaults
+    // over all of them (the geometric mean), or the defaults are written.
     std::printf("mha-tune: best tiles for %s (%s), %d thread%s\n", cpu_model_name().c_str(), std::string(isa_name(isa)).c_str(),
                 o.threads, o.threads > 1 ? "s" : "");
-    std::printf("  default: %s %s\n  best:    %s %s\n\n", describe("gemm", def).c_str(), describe("attention", def).c_str(),
-                describe("gemm", best).c_str(), describe("attention", best).c_str());
+    auto all_keys = [&](const TileConfig &t) {
+        std::string d = describe("gemm", t) + " " + describe("attention", t) + " " + describe("rows", t);
+        return o.threads > 1 ? d + " " + describe("threads", t) : d;
+    };
+    std::printf("  default: %s\n  best:    %s\n\n", all_keys(def).c_str(), all_keys(best).c_str());
     std::printf("%-32s %12s %12s %9s\n", "shape", "default ms", "best ms", "speedup");
     {
         RuntimeOptions ob = base, od = base;
         ob.tiles = best;
         od.tiles = def;
         Runtime best_rt(ob), def_rt(od);
+        double log_sum = 0;
         for (const auto &s : shapes) {
-            const auto t = bench::time_interleaved({[&] { s.run(best_rt); }, [&] { s.run(def_rt); }}, 2 * budget);
+            const auto t = time_pair(s, best_rt, def_rt, 2 * budget);
             std::printf("%-32s %12.3f %12.3f %8.2fx\n", s.name.c_str(), t[1] * 1e3, t[0] * 1e3, t[1] / t[0]);
+            log_sum += std::log(t[1] / t[0]);
+        }
+        const double overall = std::exp(log_sum / static_cast<double>(shapes.size()));
+        std::printf("%-32s %12s %12s %8.2fx\n", "all shapes (geometric mean)", "", "", overall);
+        if (overall < 1.0 && !(best == def)) {
+            std::printf("\nthe tuned set is slower than the defaults over all shapes: keeping the defaults\n");
+            best = def;
         }
     }
     TileConfigFile f;
@@ -260,13 +379,15 @@ int tune(const cli::TuneOptions &o) {
     }
     if (!o.csv.empty()) {
         std::ofstream csv(o.csv);
-        csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,shape,ms,default_ms,speedup,score\n";
+        csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,parallel_min_flops,shape,"
+               "ms,default_ms,speedup,score\n";
         for (const auto &m : all) {
             size_t i = 0;
             for (const auto &s : shapes) {
-                if (s.gemm != (m.phase == "gemm")) continue;
+                if (!scored_in(s, m.phase)) continue;
                 csv << m.phase << ',' << m.tiles.gemm_ukernel << ',' << m.tiles.mc << ',' << m.tiles.kc << ',' << m.tiles.nc
-                    << ',' << m.tiles.attn_block_q << ',' << m.tiles.attn_block_k << ',' << m.tiles.attn_kv_chunk << ",\""
+                    << ',' << m.tiles.attn_block_q << ',' << m.tiles.attn_block_k << ',' << m.tiles.attn_kv_chunk << ','
+                    << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ",\""
                     << s.name << "\"," << m.ms[i] << ',' << m.default_ms[i] << ',' << m.default_ms[i] / m.ms[i] << ','
                     << m.score << '\n';
                 ++i;

@@ -53,6 +53,9 @@ struct TileConfig {
 
     // Threads mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
     void validate(Isa isa) const;
+
+    // Every field equal (so a new field joins the comparison by itself).
+    bool operator==(const TileConfig &) const = default;
 };
 
 // A tile config file, as mha-tune writes it and the runtime reads it (MHA_TILE_CONFIG=path, or
