@@ -200,6 +200,10 @@ TEST_CASE("layer matches the double reference over every feature") {
         {"full mask + causal + valid", cfg(32, 4, 2), 3, 7, 7, true, true, true, 2},
         {"weights", cfg(32, 4), 2, 5, 5, true, false, false, 0, true, true},
         {"weights cross gqa masked", cfg(32, 4, 2, 0, 0, 24, 20), 2, 4, 9, false, true, true, 2, true, true},
+        // H * head_dim = 1024: the [tokens, q | k | v] scratch (3072 columns), and cross-attention's
+        // Q (1024) and K | V (2048), would have rows a multiple of 4 KiB apart; their rows are padded.
+        {"self, scratch rows padded off 4 KiB", cfg(16, 16, 0, 64, 64), 2, 9, 9},
+        {"cross, scratch rows padded off 4 KiB", cfg(16, 16, 0, 64, 64), 2, 5, 11, false, true},
     };
     for (Isa isa : supported_isas())
         for (int threads : {1, 2}) {
@@ -717,6 +721,42 @@ TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cac
         const int64_t id = 1;
         for (int64_t pos = 0; pos < L;) {
             const int64_t n = pos == 0 ? 17 : 1, qo[2] = {0, n};
+            layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, step.data() + pos * E);
+            pos += n;
+        }
+        CHECK(test::same_bits(step, full));
+    }
+}
+
+TEST_CASE("layer: with its scratch rows padded off 4 KiB, forward_varlen and forward_cached give forward's bits") {
+    LayerConfig c;  // q | k | v: 3072 columns, 12 KiB
+    c.embed_dim = 16;
+    c.num_heads = 16;
+    c.head_dim = c.value_dim = 64;
+    const Weights w = random_weights(c, 93);
+    const int64_t L = 21, E = c.embed_dim;
+    const auto x = random_floats(static_cast<size_t>(L * E), 94);
+    for (Isa isa : supported_isas()) {
+        CAPTURE(isa_name(isa));
+        Runtime rt(RuntimeOptions{2, isa, {}, {}});
+        Layer layer(rt, c, w.view());
+        LayerForward p;
+        p.batch = 1;
+        p.q_len = p.kv_len = L;
+        p.causal = true;
+        std::vector<float> full(x.size()), ragged(x.size(), test::kSentinel), step(x.size(), test::kSentinel);
+        layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
+        const int64_t offsets[2] = {0, L};
+        layer.forward_varlen(rt, LayerVarlenForward{1, offsets, true}, x.data(), ragged.data());
+        CHECK(test::same_bits(ragged, full));
+        KVCacheConfig kc;
+        kc.num_kv_heads = 16;
+        kc.head_dim = kc.value_dim = 64;
+        kc.max_tokens = 64;
+        KVCache cache(rt, kc);
+        const int64_t id = 1;
+        for (int64_t pos = 0; pos < L;) {
+            const int64_t n = pos == 0 ? 9 : 1, qo[2] = {0, n};
             layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, step.data() + pos * E);
             pos += n;
         }

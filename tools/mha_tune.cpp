@@ -1,9 +1,10 @@
 // mha-tune: searches tile parameters on this machine and writes the tile config the runtime reads.
 //
 // Like Highway's auto_tune, it only tries candidates that fit the caches it detects, and measures
-// each on the shapes that matter: the layer's projection GEMMs (E 512) and its attention. Each
-// candidate is timed interleaved with the defaults (candidate, default, candidate, ...), so the
-// noise of a shared machine falls on both alike, and scored by the geometric mean of its speedups.
+// each on the shapes that matter: the layer's projection GEMMs (E 512) and its attention, few-row
+// products, small calls. Each candidate is timed interleaved with the tiles it would replace
+// (candidate, baseline, candidate, ...), so the noise of a shared machine falls on both alike, and
+// scored by the geometric mean of its speedups.
 // The GEMM blocking is searched first (microkernel, KC, NC, MC), then the attention tiles on the
 // best GEMM blocking, then the per-CPU thresholds on the tiles found so far: the rows a strip must
 // have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products), and,
@@ -247,7 +248,8 @@ void progress(int done, int total, const std::string &what) {
     std::fflush(stderr);
 }
 
-// Times each candidate against the defaults on the shapes of its phase.
+// Times each candidate against `def` (the tiles it would replace: the defaults, or for the
+// threshold phases the tiles found before them) on the shapes its phase scores.
 void search(const std::string &phase, const std::vector<TileConfig> &candidates, const std::vector<Shape> &shapes,
             const RuntimeOptions &base, const TileConfig &def, double budget,
             std::vector<Measured> &all, int &done, int total) {

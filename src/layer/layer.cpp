@@ -28,6 +28,11 @@ namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The row stride (floats) of a scratch matrix of `width` columns that the attention reads and
+// writes: 16 floats (a line) more where width is a multiple of 4 KiB, so that its rows do not all
+// fall on the same L1 sets (E = 1024, 2048, 4096: Q, K, V and O rows 12, 24 or 48 KiB apart).
+int64_t scratch_ld(int64_t width) { return width * static_cast<int64_t>(sizeof(float)) % 4096 == 0 ? width + 16 : width; }
+
 // Whether rows x cols floats at a and at b (both dense) share memory.
 bool overlaps(const float *a, const float *b, int64_t rows, int64_t cols) {
     const auto n = static_cast<size_t>(rows * cols);
@@ -151,6 +156,7 @@ struct Layer::Impl {
     // offsets only place their biases in qkv_bias.
     bool fused = false;
     int64_t k_off = 0, v_off = 0, qkv_width = 0;
+    int64_t qkv_ld = 0;  // the row stride of a [tokens, q | k | v] scratch: scratch_ld(qkv_width)
     gemm::PackedB qkv, k_alone, v_alone, out;
     std::vector<float> qkv_bias, out_bias;
     Projection q_proj, k_proj, v_proj, out_proj;
@@ -272,8 +278,8 @@ struct Layer::Impl {
                    const Attend &attend) const {
         const int64_t Hq = cfg.num_heads * cfg.value_dim, E = cfg.embed_dim;
         const bool over_q = o_over_q(false);
-        const int64_t q_floats = product({tokens, qkv_width}, "Q, K and V"),
-                      o_floats = over_q ? 0 : product({tokens, Hq}, "O"), o_ld = over_q ? qkv_width : Hq;
+        const int64_t q_floats = product({tokens, qkv_ld}, "Q, K and V"),
+                      o_floats = over_q ? 0 : product({tokens, Hq}, "O"), o_ld = over_q ? qkv_ld : Hq;
         const int64_t n_floats = cfg.norm != Norm::none ? product({tokens, E}, "out") : 0;  // as in forward()
         const int64_t xn_floats = cfg.norm == Norm::pre ? n_floats : 0;
         const bool own_proj = cfg.norm != Norm::none && overlaps(x, y, tokens, E);
@@ -285,7 +291,7 @@ struct Layer::Impl {
             pre_norm(st, tokens, x, xn);
             x = xn;
         }
-        project_qkv(st, tokens, x, rows, qkv_width, positions);
+        project_qkv(st, tokens, x, rows, qkv_ld, positions);
         attend(static_cast<const float *>(rows), os, o_ld);
         if (!tokens) return;
         if (cfg.norm == Norm::none) return gemm::sgemm_prepacked(st, tokens, E, os, o_ld, out, 0, out_proj.bias, y, E);
@@ -393,6 +399,7 @@ Layer::Layer(Runtime &rt, const LayerConfig &config, const LayerWeights &w) : im
     m.k_off = m.fused ? round_up(m.nq, NR) : m.nq;
     m.v_off = m.k_off + (m.fused ? round_up(m.nk, NR) : m.nk);
     m.qkv_width = m.v_off + (m.fused ? round_up(m.nv, NR) : m.nv);
+    m.qkv_ld = scratch_ld(m.qkv_width);
     if (m.fused) {
         std::vector<float> stacked(static_cast<size_t>(m.qkv_width * E), 0.0f);  // zero rows between parts
         std::copy(w.q_weight, w.q_weight + m.nq * E, stacked.begin());
@@ -483,8 +490,8 @@ void Layer::forward(Runtime &rt, const LayerForward &p, const float *query, cons
     // before anything is written.
     auto &st = rt.state();
     const bool one_gemm = self && m.fused;
-    const int64_t q_ld = one_gemm ? m.qkv_width : round_up(m.nq, 16);
-    const int64_t kv_ld = one_gemm ? m.qkv_width : round_up(m.nk, 16) + round_up(m.nv, 16);
+    const int64_t q_ld = one_gemm ? m.qkv_ld : scratch_ld(round_up(m.nq, 16));
+    const int64_t kv_ld = one_gemm ? m.qkv_ld : scratch_ld(round_up(m.nk, 16) + round_up(m.nv, 16));
     const bool over_q = m.o_over_q(p.weights != nullptr);
     const int64_t q_floats = product({q_tokens, q_ld}, "Q"), kv_floats = one_gemm ? 0 : product({kv_tokens, kv_ld}, "K and V"),
                   o_floats = over_q ? 0 : product({q_tokens, Hq}, "O"), o_ld = over_q ? q_ld : Hq;
@@ -608,9 +615,9 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         std::vector<KVCache::Impl::Append> appends;
         for (int64_t s = 0; s < p.num_seqs; ++s) {
             // With no tokens in the call there is no qkv buffer (null): no pointer arithmetic on it.
-            const float *row = qkv ? qkv + p.q_offsets[s] * m.qkv_width : nullptr;
+            const float *row = qkv ? qkv + p.q_offsets[s] * m.qkv_ld : nullptr;
             appends.push_back({p.seq_ids[s], p.q_offsets[s + 1] - p.q_offsets[s], row ? row + m.k_off : nullptr,
-                               row ? row + m.v_off : nullptr, m.qkv_width, m.qkv_width});
+                               row ? row + m.v_off : nullptr, m.qkv_ld, m.qkv_ld});
         }
         appended = kc.append_all(appends);
         if (!tokens) return;
@@ -621,7 +628,7 @@ void layer_detail::forward_cached_undoable(const Layer &layer, Runtime &rt, KVCa
         ap.num_heads = c.num_heads;
         ap.causal = p.causal;
         ap.variant = c.variant;
-        ap.q_stride = m.qkv_width;
+        ap.q_stride = m.qkv_ld;
         ap.out_stride = o_ld;
         attention_cached(rt, cache, ap, qkv, os);
     };
@@ -649,7 +656,7 @@ void Layer::forward_varlen(Runtime &rt, const LayerVarlenForward &p, const float
     ap.value_dim = c.value_dim;
     ap.causal = p.causal;
     ap.variant = c.variant;
-    ap.q_stride = ap.k_stride = ap.v_stride = m.qkv_width;
+    ap.q_stride = ap.k_stride = ap.v_stride = m.qkv_ld;
     ap.out_stride = product({c.num_heads, c.value_dim}, "out");
     // The offsets and sizes, before anything is written (the tensors are checked below).
     const float none = 0.0f;
