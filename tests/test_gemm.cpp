@@ -347,8 +347,11 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
+        // (Depths in (128, KC] with 8 strips or more: the small-problem path on one thread, the
+        // packed path on more; see sgemm.)
         for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 301, 257, 700}, {'T', 'T', 97, 515, 300},
-                                       {'N', 'T', 511, 300, 64}, {'N', 'N', 700, 64, 301}}) {
+                                       {'N', 'T', 511, 300, 64}, {'N', 'N', 700, 64, 301}, {'N', 'N', 301, 257, 300},
+                                       {'N', 'T', 200, 300, 256}, {'T', 'N', 150, 260, 200}}) {
             GemmCase g;
             g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
             g.beta = 0.5f;

@@ -687,6 +687,32 @@ TEST_CASE("layer: RoPE against PyTorch goldens, both pair orders (tests/data/gen
     }
 }
 
+namespace {
+
+// One causal sequence x (rows of E) through forward_cached on a fresh cache: a prefill of `first`
+// tokens, then one token a step. Returns every token's output.
+std::vector<float> cached_steps(Runtime &rt, const Layer &layer, const LayerConfig &config, const std::vector<float> &x,
+                                int64_t first) {
+    const LayerConfig c = config.resolved();
+    const int64_t E = c.embed_dim, L = static_cast<int64_t>(x.size()) / E;
+    KVCacheConfig kc;
+    kc.num_kv_heads = c.num_kv_heads;
+    kc.head_dim = c.head_dim;
+    kc.value_dim = c.value_dim;
+    kc.max_tokens = 256;
+    KVCache cache(rt, kc);
+    const int64_t id = 1;
+    std::vector<float> out(x.size(), test::kSentinel);
+    for (int64_t pos = 0; pos < L;) {
+        const int64_t n = pos == 0 ? first : 1, qo[2] = {0, n};
+        layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, out.data() + pos * E);
+        pos += n;
+    }
+    return out;
+}
+
+} // namespace
+
 TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cached prefill + decode = the full forward, bitwise") {
     LayerConfig c;
     c.embed_dim = 64;
@@ -706,25 +732,14 @@ TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cac
         p.batch = 1;
         p.q_len = p.kv_len = L;
         p.causal = true;
-        std::vector<float> full(x.size()), plain(x.size()), step(x.size());
+        std::vector<float> full(x.size()), plain(x.size());
         layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
         LayerConfig c0 = c;
         c0.variant = AttentionVariant{};
         Layer without(rt, c0, w.view());
         without.forward(rt, p, x.data(), nullptr, nullptr, plain.data());
         CHECK(!test::same_bits(full, plain));  // the modifiers reach the layer's attention
-        KVCacheConfig kc;
-        kc.num_kv_heads = 2;
-        kc.head_dim = kc.value_dim = 8;
-        kc.max_tokens = 256;
-        KVCache cache(rt, kc);
-        const int64_t id = 1;
-        for (int64_t pos = 0; pos < L;) {
-            const int64_t n = pos == 0 ? 17 : 1, qo[2] = {0, n};
-            layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, step.data() + pos * E);
-            pos += n;
-        }
-        CHECK(test::same_bits(step, full));
+        CHECK(test::same_bits(cached_steps(rt, layer, c, x, 17), full));
     }
 }
 
@@ -744,23 +759,12 @@ TEST_CASE("layer: with its scratch rows padded off 4 KiB, forward_varlen and for
         p.batch = 1;
         p.q_len = p.kv_len = L;
         p.causal = true;
-        std::vector<float> full(x.size()), ragged(x.size(), test::kSentinel), step(x.size(), test::kSentinel);
+        std::vector<float> full(x.size()), ragged(x.size(), test::kSentinel);
         layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
         const int64_t offsets[2] = {0, L};
         layer.forward_varlen(rt, LayerVarlenForward{1, offsets, true}, x.data(), ragged.data());
         CHECK(test::same_bits(ragged, full));
-        KVCacheConfig kc;
-        kc.num_kv_heads = 16;
-        kc.head_dim = kc.value_dim = 64;
-        kc.max_tokens = 64;
-        KVCache cache(rt, kc);
-        const int64_t id = 1;
-        for (int64_t pos = 0; pos < L;) {
-            const int64_t n = pos == 0 ? 9 : 1, qo[2] = {0, n};
-            layer.forward_cached(rt, cache, LayerCachedForward{1, &id, qo, true}, x.data() + pos * E, step.data() + pos * E);
-            pos += n;
-        }
-        CHECK(test::same_bits(step, full));
+        CHECK(test::same_bits(cached_steps(rt, layer, c, x, 9), full));
     }
 }
 

@@ -41,7 +41,7 @@ std::map<std::string, std::set<std::string>> csv_phases(const std::string &path)
     std::string header, line;
     std::getline(csv, header);
     CHECK(header.rfind("phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,"
-                       "parallel_min_flops,shape,", 0) == 0);
+                       "parallel_min_flops,parallel_min_elems,shape,", 0) == 0);
     std::map<std::string, std::set<std::string>> phases;
     while (std::getline(csv, line)) {
         const auto q0 = line.find('"'), q1 = line.find('"', q0 + 1);
@@ -51,13 +51,20 @@ std::map<std::string, std::set<std::string>> csv_phases(const std::string &path)
     return phases;
 }
 
+// mha-tune --quick --max-candidates 1 and `args`, writing t.json and t.csv into tmp: it must succeed.
+mha::test::ToolResult tune_quick(const TempDir &tmp, const std::string &args) {
+    auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 " + args + " --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return r;
+}
+
 } // namespace
 
 TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime and mha-run use it") {
     TempDir tmp;
-    const auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    const auto r = tune_quick(tmp, "");
     INFO(r.output);
-    REQUIRE(r.code == 0);
     CHECK(r.output.find("speedup") != std::string::npos);
     CHECK(r.output.find("all shapes (geometric mean)") != std::string::npos);
     const TileConfigFile f = load_tile_config(tmp / "t.json");
@@ -80,19 +87,23 @@ TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime a
     CHECK(ok.code == 0);
 }
 
-TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a second thread") {
+TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a second thread, flops and elements") {
     TempDir tmp;
-    const auto r = run_tool("MHA_TUNE", "--quick --threads 2 --max-candidates 1 --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    const auto r = tune_quick(tmp, "--threads 2");
     INFO(r.output);
-    REQUIRE(r.code == 0);
     CHECK(r.output.find("parallel_min_flops=") != std::string::npos);
     const auto phases = csv_phases(tmp / "t.csv");
     REQUIRE(phases.count("threads"));
     CHECK(phases.at("threads").count("gemm 128^3 NN"));
     CHECK(phases.at("threads").count("attention L64 H8 D64"));
+    REQUIRE(phases.count("elems"));
+    CHECK(phases.at("elems").count("softmax 1024x128"));
+    CHECK(r.output.find("parallel_min_elems=") != std::string::npos);
     const TileConfigFile f = load_tile_config(tmp / "t.json");
     CHECK(f.tiles.parallel_min_flops >= int64_t{2} << 20);
     CHECK(f.tiles.parallel_min_flops <= int64_t{32} << 20);
+    CHECK(f.tiles.parallel_min_elems >= int64_t{64} << 10);
+    CHECK(f.tiles.parallel_min_elems <= int64_t{1} << 20);
 }
 
 TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run and mha-tune with the file and the problem") {

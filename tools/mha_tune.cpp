@@ -9,7 +9,8 @@
 // best GEMM blocking, then the per-CPU thresholds on the tiles found so far: the rows a strip must
 // have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products), and,
 // tuning for more than one thread, the work from which a call takes the arena's other threads
-// (parallel_min_flops, on small calls made after the workers have gone to sleep).
+// (parallel_min_flops on small GEMM and attention calls, parallel_min_elems on softmax calls, each
+// made after the workers have gone to sleep).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "gemm/sgemm_kernels.hpp"
 #include "mha/attention.hpp"
 #include "mha/gemm.hpp"
+#include "mha/softmax.hpp"
 #include "mha/tile_config.hpp"
 
 using namespace mha;
@@ -35,7 +37,7 @@ namespace {
 // One benchmark shape: runs the work on a runtime, in the search phase it belongs to.
 struct Shape {
     std::string name;
-    std::string phase;  // "gemm", "attention", "rows" or "threads"
+    std::string phase;  // "gemm", "attention", "rows", "threads" or "elems"
     std::function<void(Runtime &)> run;
     // Scored in the gemm phase too: the microkernel found there also runs the attention (with
     // 8x48, the attention ran 0.62-0.84x the default's on Zen 5 while the projections gained).
@@ -44,7 +46,7 @@ struct Shape {
 
 bool scored_in(const Shape &s, const std::string &phase) { return s.phase == phase || (phase == "gemm" && s.kernel_probe); }
 
-// The threads phase times each call after this much work on the calling thread, so the arena's
+// The threads and elems phases time each call after this much work on the calling thread, so the arena's
 // workers have gone to sleep as between a server's calls (they sleep after about 100 us idle on
 // the machines measured; see tile_config.cpp).
 constexpr auto kIdleGap = std::chrono::microseconds(300);
@@ -136,6 +138,13 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         shapes.push_back({"attention L" + std::to_string(len) + " H8 D64", "threads",
                           [=](Runtime &rt) { attention(rt, p, q, k, v, o); }});
     }
+    // Elementwise work around its break-even: softmax over 128 columns, 64K to 1M elements.
+    for (const int64_t rows : quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192}) {
+        const float *x = buffer(static_cast<size_t>(rows * 128), 0.5f);
+        float *y = buffer(static_cast<size_t>(rows * 128), 0.0f);
+        shapes.push_back({"softmax " + std::to_string(rows) + "x128", "elems",
+                          [=](Runtime &rt) { softmax(rt, rows, 128, x, 128, y, 128); }});
+    }
     return shapes;
 }
 
@@ -194,29 +203,33 @@ std::vector<TileConfig> attention_candidates(const CacheSizes &c, const TileConf
     return out;
 }
 
-// The rows that take sup_chain_rows' walk: none, and 1 to 6 (AVX2: up to 4 was measured best on Intel).
-std::vector<TileConfig> rows_candidates(const TileConfig &base, bool quick) {
+// Candidates that set one key of `base` to each of `values` (leaving out the value it has).
+std::vector<TileConfig> key_candidates(const TileConfig &base, int64_t TileConfig::*key, const std::vector<int64_t> &values) {
     std::vector<TileConfig> out;
-    for (const int64_t r : quick ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 1, 2, 3, 4, 6}) {
-        if (r == base.sup_chain_rows) continue;
+    for (const int64_t v : values) {
+        if (v == base.*key) continue;
         TileConfig t = base;
-        t.sup_chain_rows = r;
+        t.*key = v;
         out.push_back(t);
     }
     return out;
 }
 
-// The work (flops) from which a call takes the arena's other threads: 2 to 32 MFLOP.
+// The threshold steps' candidates: the rows that take sup_chain_rows' walk (none, or up to 6);
+// the work (flops) from which a GEMM or attention call takes the arena's other threads (2 to 32
+// MFLOP); the elements from which elementwise work (softmax, LayerNorm) does (64K to 1M).
+std::vector<TileConfig> rows_candidates(const TileConfig &base, bool quick) {
+    return key_candidates(base, &TileConfig::sup_chain_rows, quick ? std::vector<int64_t>{0, 1, 2, 4} : std::vector<int64_t>{0, 1, 2, 3, 4, 6});
+}
 std::vector<TileConfig> threads_candidates(const TileConfig &base, bool quick) {
-    std::vector<TileConfig> out;
-    for (const int64_t mflop : quick ? std::vector<int64_t>{4, 16} : std::vector<int64_t>{2, 4, 8, 16, 32}) {
-        const int64_t flops = mflop << 20;
-        if (flops == base.parallel_min_flops) continue;
-        TileConfig t = base;
-        t.parallel_min_flops = flops;
-        out.push_back(t);
-    }
-    return out;
+    std::vector<int64_t> flops;
+    for (const int64_t mflop : quick ? std::vector<int64_t>{4, 16} : std::vector<int64_t>{2, 4, 8, 16, 32}) flops.push_back(mflop << 20);
+    return key_candidates(base, &TileConfig::parallel_min_flops, flops);
+}
+std::vector<TileConfig> elems_candidates(const TileConfig &base, bool quick) {
+    std::vector<int64_t> elems;
+    for (const int64_t k : quick ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 256, 512, 1024}) elems.push_back(k << 10);
+    return key_candidates(base, &TileConfig::parallel_min_elems, elems);
 }
 
 std::string describe(const std::string &phase, const TileConfig &t) {
@@ -229,15 +242,18 @@ std::string describe(const std::string &phase, const TileConfig &t) {
                       static_cast<long>(t.attn_block_k));
     else if (phase == "rows")
         std::snprintf(buf, sizeof buf, "sup_chain_rows=%ld", static_cast<long>(t.sup_chain_rows));
-    else
+    else if (phase == "threads")
         std::snprintf(buf, sizeof buf, "parallel_min_flops=%ld", static_cast<long>(t.parallel_min_flops));
+    else
+        std::snprintf(buf, sizeof buf, "parallel_min_elems=%ld", static_cast<long>(t.parallel_min_elems));
     return buf;
 }
 
-// Times the shape on two runtimes, interleaved; the threads phase after an idle gap each call.
+// Times the shape on two runtimes, interleaved; the threads and elems phases after an idle gap each call.
 std::vector<double> time_pair(const Shape &s, Runtime &a, Runtime &b, double budget) {
+    const bool gap = s.phase == "threads" || s.phase == "elems";
     return bench::time_interleaved({[&] { s.run(a); }, [&] { s.run(b); }}, budget, 3, nullptr,
-                                   s.phase == "threads" ? std::function<void()>(busy_gap) : nullptr);
+                                   gap ? std::function<void()>(busy_gap) : nullptr);
 }
 
 void progress(int done, int total, const std::string &what) {
@@ -305,7 +321,7 @@ int tune(const cli::TuneOptions &o) {
     // progress bar with the defaults', which give as many whenever MR is the same.
     auto later = [&](const TileConfig &t) {
         return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
-               (o.threads > 1 ? limit(threads_candidates(t, o.quick)).size() : 0);
+               (o.threads > 1 ? limit(threads_candidates(t, o.quick)).size() + limit(elems_candidates(t, o.quick)).size() : 0);
     };
     const int total_guess = static_cast<int>(gc.size() + later(def));
     std::vector<Measured> all;
@@ -336,6 +352,9 @@ int tune(const cli::TuneOptions &o) {
         const size_t first_threads = all.size();
         search("threads", limit(threads_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
         if (const TileConfig *t = best_of(first_threads)) best.parallel_min_flops = t->parallel_min_flops;
+        const size_t first_elems = all.size();
+        search("elems", limit(elems_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
+        if (const TileConfig *t = best_of(first_elems)) best.parallel_min_elems = t->parallel_min_elems;
     }
 
     // The verdict: the best candidate against the defaults on every shape, measured once more. The
@@ -345,7 +364,7 @@ int tune(const cli::TuneOptions &o) {
                 o.threads, o.threads > 1 ? "s" : "");
     auto all_keys = [&](const TileConfig &t) {
         std::string d = describe("gemm", t) + " " + describe("attention", t) + " " + describe("rows", t);
-        return o.threads > 1 ? d + " " + describe("threads", t) : d;
+        return o.threads > 1 ? d + " " + describe("threads", t) + " " + describe("elems", t) : d;
     };
     std::printf("  default: %s\n  best:    %s\n\n", all_keys(def).c_str(), all_keys(best).c_str());
     std::printf("%-32s %12s %12s %9s\n", "shape", "default ms", "best ms", "speedup");
@@ -381,15 +400,15 @@ int tune(const cli::TuneOptions &o) {
     }
     if (!o.csv.empty()) {
         std::ofstream csv(o.csv);
-        csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,parallel_min_flops,shape,"
-               "ms,default_ms,speedup,score\n";
+        csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,parallel_min_flops,"
+               "parallel_min_elems,shape,ms,default_ms,speedup,score\n";
         for (const auto &m : all) {
             size_t i = 0;
             for (const auto &s : shapes) {
                 if (!scored_in(s, m.phase)) continue;
                 csv << m.phase << ',' << m.tiles.gemm_ukernel << ',' << m.tiles.mc << ',' << m.tiles.kc << ',' << m.tiles.nc
                     << ',' << m.tiles.attn_block_q << ',' << m.tiles.attn_block_k << ',' << m.tiles.attn_kv_chunk << ','
-                    << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ",\""
+                    << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ',' << m.tiles.parallel_min_elems << ",\""
                     << s.name << "\"," << m.ms[i] << ',' << m.default_ms[i] << ',' << m.default_ms[i] / m.ms[i] << ','
                     << m.score << '\n';
                 ++i;

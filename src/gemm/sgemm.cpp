@@ -566,8 +566,22 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // 1.56x, level at 2-6x1536x512 (before the chunks, 3 and 6 rows at an 8 KiB stride lost).
     // A few strips more read B in place too, on this Xeon's measurements (in_place_rows): the
     // second strip finds B in L2, where packing it would be the pass over memory all the same.
-    const bool sup = n <= s.tiles.sup_max_n || k <= s.tiles.sup_max_k ||
-                     (transb == Trans::N && m <= in_place_rows(s, m, n, k, ldb));
+    // A short depth (k <= KC) alone picks the small-problem path on one thread. On more, only
+    // attention's depths (k <= 128) or a few strips (under 8, whose B it reads in place) do: its
+    // B block is packed by all the threads together and read by all of them, each core fetching
+    // the other's half, where the packed path gives each thread a B block of its own. Xeon (AMX),
+    // 2 threads, the same bits, small-problem -> packed path: 128x1536x512 NT 1.41x (NN 1.30x),
+    // 112x1536x512 1.27x, 256x1536x512 NT 1.16x, 512x1536x512 1.16x, 1024x1536x512 NT 1.11x,
+    // 4096x1536x512 NT 1.03x, 1024x1024x512 1.11x, 512^3 1.08x, 384^3 1.15x, 256^3 1.09x,
+    // 200x300x256 1.19x, 1024x1024x256 1.03x, TN 1024x1536x512 1.06x, TT 512^3 1.03x, TN 512^3
+    // level; but k <= 128 0.97-1.00x (512x512x64 NT, 2048x2048x64 NT, 1024x1024x128 NT) and 96 or
+    // 64 rows 0.98-1.02x. AVX2 (6x16), 2 threads: 128x1536x512 1.26x, 4096x512x512 NT 1.12x,
+    // 512x1536x512 NT 1.06x, 384^3 1.06x, 1024x1024x256 1.06x, 512^3 1.05x. One thread: level
+    // (AVX-512 0.995-1.006x, AVX2 1.01-1.02x), so it keeps the rule.
+    const int64_t MR = s.sgemm->mr;
+    const bool one_thread = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops) == 1;
+    const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * MR);
+    const bool sup = n <= s.tiles.sup_max_n || short_depth || (transb == Trans::N && m <= in_place_rows(s, m, n, k, ldb));
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
         sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);

@@ -80,7 +80,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 1 thread, against dnnl_sgemm, one interleaved run each), KC 176 / 336 / 512 with the
     // formula's NC: 1024^3 0.99 / 1.04 / 1.07x, 1024x1536x512 NT 0.95 / 1.05 / 1.07x, 1024x512x512
     // NT 1.00 / 1.03 / 1.07x, 2048x1536x512 0.96 / 0.98 / 0.99x; mha-tune --quick with the deeper
-    // candidates: 14x32 KC 656 0.985x, 6x64 and 8x48 KC 768 0.987x, the defaults best again.
+    // candidates: 14x32 KC 656 0.985x, 6x64 and 8x48 KC 768 0.987x, the defaults best again. Its
+    // full search (1 thread, the GEMM candidates scored on the attention at L1024 too): 14x32 KC
+    // 656 0.981-0.988x, KC 128-432 0.938-0.980x; 6x64 KC 768 0.977-0.986x, KC 80-216 0.902-0.957x;
+    // 8x48 KC 768 0.969-0.980x, KC 104-272 0.911-0.964x: the defaults best of 108.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
@@ -122,6 +125,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // (6x16) there: 1x2000x2000 1.18x, 1x768x3072 1.16x, 2x768x3072 1.47x, 4x1536x512 1.99x, 6 rows
     // 0.97x: 4 rows. Zen 5 had lost by it at such strides (1x2000x2000 0.86x, 1x2560x1024 0.88x,
     // 1x512x4096 0.90x against dnnl_sgemm's ratios, see sgemm_sup): AMD's cores keep to 4 KiB.
+    // mha-tune searches this key (its rows phase). On the Xeon, 2026-11-26, full search, 1 thread,
+    // against 2 (1x2000x2000, 2x3000x768, 4x1500x1000, 3x2000x2000, 6x2000x1000 NN): 0 0.989x
+    // (1x2000x2000 0.921x), 1 1.004x, 3 0.978x, 4 0.948x (4x1500x1000 0.864x), 6 0.921x: 2 stays.
     t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
@@ -154,7 +160,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // and the paged-cache decode (B16 Lk4096) 0.92x, as on Zen 5: BK stays 256. BQ 56/168/224
     // against 112 at L128/L512 D64/D128: 0.98-1.00x. The same Xeon's full search on 2026-11-26:
     // BK 512 1.013-1.018x for BQ 28-224 (under mha-tune's 2% bar, and decode's case above stands),
-    // BK 256 with BQ 28-224 0.99-1.00x, BK 128 0.94-0.95x, BK 64 0.87-0.88x.
+    // BK 256 with BQ 28-224 0.99-1.00x, BK 128 0.94-0.95x, BK 64 0.87-0.88x. Again at 14:41 that
+    // day: BK 512 1.004-1.027x, BK 256 0.992-1.008x, BK 128 0.940-0.972x, BK 64 0.873-0.904x.
     // A sequence's last block under BQ / 2 rows shares the last two blocks evenly (Shape::block_start:
     // L128 as 64 + 64, not 112 + 16): Xeon, 1 thread, H8 D64, L128 +2.7-2.9%, causal +5.7%.
     t.attn_block_q = 8 * uk.mr;
