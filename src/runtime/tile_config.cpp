@@ -204,6 +204,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 1.44x at 128K, 0.91x at 256K. So 256K a thread stays (a second thread from 512K elements).
     // The GEMM's break-even lies above 14 MFLOP there, the attention's at about 8: 16 MFLOP (8 a
     // thread) stays for both. Elsewhere (Zen 3 above; Zen 4 unmeasured) 8 MFLOP a thread too.
+    // mha-tune searches both keys on more than one thread (its threads and elems steps, each call
+    // after 300 us of work on the calling thread). The Xeon, 2026-11-26, 2 threads, full search,
+    // against 8 MFLOP (sgemm 128^3-256^3, attention H8 D64 L48-L96): 2 MFLOP 0.852x (128^3 0.564x,
+    // 160^3 0.767x, L48 0.852x), 4 MFLOP 0.994x, 16 MFLOP 0.955x (L96 0.733x), 32 MFLOP 0.924x
+    // (256^3 0.774x); quick search, against 256K elements (softmax x128): 128K 1.001x, 512K 0.734x
+    // (4096 rows, 512K elements, left on one thread: 0.538x). Both stay.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
