@@ -351,7 +351,7 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
         // packed path on more; see sgemm.)
         for (auto [ta, tb, m, n, k] : {std::tuple{'N', 'N', 301, 257, 700}, {'T', 'T', 97, 515, 300},
                                        {'N', 'T', 511, 300, 64}, {'N', 'N', 700, 64, 301}, {'N', 'N', 301, 257, 300},
-                                       {'N', 'T', 200, 300, 256}, {'T', 'N', 150, 260, 200}}) {
+                                       {'N', 'T', 200, 300, 256}, {'T', 'N', 200, 260, 300}}) {
             GemmCase g;
             g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
             g.beta = 0.5f;
@@ -360,6 +360,42 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
             CHECK(test::same_bits(c1, c2));
             CHECK(test::same_bits(c1, c3));
         }
+    }
+}
+
+// Found in review: with alpha != 1 and beta not 0, a tile cut by the right edge that went through
+// a local buffer rounded alpha x sum and beta x C apart (two roundings) where a whole or narrow
+// tile's microkernel fuses them (one), so an edge column W wide (n % NR == W) had other bits on the
+// chunked path (one thread, B rows 4 KiB apart) than tile by tile (two threads). Every path now
+// merges with the microkernel's arithmetic.
+TEST_CASE("an edge tile rounds as a whole tile: alpha != 1, beta 0.3 and 1, the same bits on 1, 2 and 3 threads") {
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        const int64_t MR = uk->mr, NR = uk->nr, W = uk->lanes;
+        // n % NR == W and n % NR == W / 2; B rows 4 KiB apart (chunked on one thread) or not.
+        const int64_t n0 = 31 * NR + W;
+        for (auto [m, n, k, ldb] : {std::tuple{3 * MR - 2, n0, 300, (n0 + 1023) / 1024 * 1024},
+                                    {3 * MR - 2, n0, 300, n0 + 3},
+                                    {9 * MR, 7 * NR + W, 200, 7 * NR + W},
+                                    {9 * MR, 7 * NR + W / 2, 600, 7 * NR + W / 2}})
+            for (float beta : {0.3f, 1.0f}) {
+                GemmCase g;
+                g.m = m; g.n = n; g.k = k;
+                g.pad_b = ldb - n;
+                g.alpha = 0.7f;
+                g.beta = beta;
+                CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(ldb); CAPTURE(beta);
+                auto opts = [&](int threads) {
+                    RuntimeOptions o = default_tiles(*uk, threads);
+                    o.tiles->parallel_min_flops = 0;  // every call on all its threads
+                    return o;
+                };
+                Runtime r1(opts(1)), r2(opts(2)), r3(opts(3));
+                const auto c1 = check_gemm(r1, g), c2 = check_gemm(r2, g), c3 = check_gemm(r3, g);
+                CHECK(test::same_bits(c1, c2));
+                CHECK(test::same_bits(c1, c3));
+            }
     }
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -63,8 +64,8 @@ constexpr double kMinGain = 1.02;
 struct Measured {
     std::string phase;
     TileConfig tiles;
-    std::vector<double> ms, default_ms;
-    double score = 0;  // geometric mean of default_ms / ms
+    std::vector<double> ms, baseline_ms;  // the candidate's, and the tiles' it would replace
+    double score = 0;  // geometric mean of baseline_ms / ms
 };
 
 std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<float>> &store) {
@@ -165,6 +166,7 @@ std::vector<int64_t> kc_candidates(const gemm::SgemmKernel &uk, int64_t l1d, boo
 
 std::vector<TileConfig> gemm_candidates(Isa isa, const CacheSizes &c, const TileConfig &def, bool quick) {
     std::vector<TileConfig> out;
+    const int64_t def_nr = gemm::find_sgemm_kernel(def.gemm_ukernel)->nr;
     for (const auto &uk : gemm::all_sgemm_kernels()) {
         if (uk.isa != isa) continue;
         for (const int64_t kc : kc_candidates(uk, c.l1d, quick)) {
@@ -176,7 +178,7 @@ std::vector<TileConfig> gemm_candidates(Isa isa, const CacheSizes &c, const Tile
                 for (int l3_div : quick ? std::vector<int>{4} : std::vector<int>{4, 8}) {
                     t.mc = std::clamp<int64_t>(c.l3 / l3_div / (kc * 4) / uk.mr * uk.mr, uk.mr, 4096 / uk.mr * uk.mr);
                     t.sup_max_k = kc;
-                    t.sup_max_n = 2 * uk.nr;
+                    t.sup_max_n = def.sup_max_n / def_nr * uk.nr;  // the default's panels (AVX-512 2, AVX2 16)
                     t.attn_block_q = 8 * uk.mr;  // the default's rule for this kernel's MR
                     out.push_back(t);
                 }
@@ -264,8 +266,8 @@ void progress(int done, int total, const std::string &what) {
     std::fflush(stderr);
 }
 
-// Times each candidate against `def` (the tiles it would replace: the defaults, or for the
-// threshold phases the tiles found before them) on the shapes its phase scores.
+// Times each candidate against `def` (the tiles it would replace: the defaults for the GEMM
+// blocking, the tiles found before them for the later steps) on the shapes its phase scores.
 void search(const std::string &phase, const std::vector<TileConfig> &candidates, const std::vector<Shape> &shapes,
             const RuntimeOptions &base, const TileConfig &def, double budget,
             std::vector<Measured> &all, int &done, int total) {
@@ -281,7 +283,7 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
             if (!scored_in(s, phase)) continue;
             const auto times = time_pair(s, rt, def_rt, budget);
             m.ms.push_back(times[0] * 1e3);
-            m.default_ms.push_back(times[1] * 1e3);
+            m.baseline_ms.push_back(times[1] * 1e3);
             log_sum += std::log(times[1] / times[0]);
             ++n;
         }
@@ -319,9 +321,15 @@ int tune(const cli::TuneOptions &o) {
     const auto gc = limit(gemm_candidates(isa, caches, def, o.quick));
     // The later phases' candidates depend on the tiles found before them; count them for the
     // progress bar with the defaults', which give as many whenever MR is the same.
+    // MHA_PARALLEL_ALWAYS=1 zeroes both thresholds in every runtime: nothing to measure.
+    const char *always = std::getenv("MHA_PARALLEL_ALWAYS");
+    const bool thresholds = o.threads > 1 && !(always && std::string(always) == "1");
+    if (o.threads > 1 && !thresholds)
+        std::fprintf(stderr, "mha-tune: MHA_PARALLEL_ALWAYS=1 overrides parallel_min_flops and parallel_min_elems: "
+                             "not searching them\n");
     auto later = [&](const TileConfig &t) {
         return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
-               (o.threads > 1 ? limit(threads_candidates(t, o.quick)).size() + limit(elems_candidates(t, o.quick)).size() : 0);
+               (thresholds ? limit(threads_candidates(t, o.quick)).size() + limit(elems_candidates(t, o.quick)).size() : 0);
     };
     const int total_guess = static_cast<int>(gc.size() + later(def));
     std::vector<Measured> all;
@@ -332,7 +340,7 @@ int tune(const cli::TuneOptions &o) {
     const auto ac = limit(attention_candidates(caches, best, o.quick));
     const size_t first_attn = all.size();
     const int total = static_cast<int>(gc.size() + later(best));
-    search("attention", ac, shapes, base, def, budget, all, done, total);
+    search("attention", ac, shapes, base, best, budget, all, done, total);
     auto best_of = [&](size_t first) {
         const auto it = std::max_element(all.begin() + static_cast<std::ptrdiff_t>(first), all.end(),
                                          [](auto &a, auto &b) { return a.score < b.score; });
@@ -348,7 +356,7 @@ int tune(const cli::TuneOptions &o) {
     const size_t first_rows = all.size();
     search("rows", limit(rows_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
     if (const TileConfig *t = best_of(first_rows)) best.sup_chain_rows = t->sup_chain_rows;
-    if (o.threads > 1) {
+    if (thresholds) {
         const size_t first_threads = all.size();
         search("threads", limit(threads_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
         if (const TileConfig *t = best_of(first_threads)) best.parallel_min_flops = t->parallel_min_flops;
@@ -401,7 +409,7 @@ int tune(const cli::TuneOptions &o) {
     if (!o.csv.empty()) {
         std::ofstream csv(o.csv);
         csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,parallel_min_flops,"
-               "parallel_min_elems,shape,ms,default_ms,speedup,score\n";
+               "parallel_min_elems,shape,ms,baseline_ms,speedup,score\n";
         for (const auto &m : all) {
             size_t i = 0;
             for (const auto &s : shapes) {
@@ -409,7 +417,7 @@ int tune(const cli::TuneOptions &o) {
                 csv << m.phase << ',' << m.tiles.gemm_ukernel << ',' << m.tiles.mc << ',' << m.tiles.kc << ',' << m.tiles.nc
                     << ',' << m.tiles.attn_block_q << ',' << m.tiles.attn_block_k << ',' << m.tiles.attn_kv_chunk << ','
                     << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ',' << m.tiles.parallel_min_elems << ",\""
-                    << s.name << "\"," << m.ms[i] << ',' << m.default_ms[i] << ',' << m.default_ms[i] / m.ms[i] << ','
+                    << s.name << "\"," << m.ms[i] << ',' << m.baseline_ms[i] << ',' << m.baseline_ms[i] / m.ms[i] << ','
                     << m.score << '\n';
                 ++i;
             }

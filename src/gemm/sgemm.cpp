@@ -566,8 +566,8 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // 1.56x, level at 2-6x1536x512 (before the chunks, 3 and 6 rows at an 8 KiB stride lost).
     // A few strips more read B in place too, on this Xeon's measurements (in_place_rows): the
     // second strip finds B in L2, where packing it would be the pass over memory all the same.
-    // A short depth (k <= KC) alone picks the small-problem path on one thread. On more, only
-    // attention's depths (k <= 128) or a few strips (under 8, whose B it reads in place) do: its
+    // A short depth (k <= KC) alone picks the small-problem path for a call on one thread. For a
+    // call that takes more, only attention's depths (k <= 128) or a few strips (under 8) do: its
     // B block is packed by all the threads together and read by all of them, each core fetching
     // the other's half, where the packed path gives each thread a B block of its own. Xeon (AMX),
     // 2 threads, the same bits, small-problem -> packed path: 128x1536x512 NT 1.41x (NN 1.30x),

@@ -7,6 +7,7 @@
 #include "gemm/sgemm_ukernel.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace mha::gemm {
@@ -72,23 +73,28 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
 
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
 // only its valid columns are merged, so the microkernel never branches on the edge. kernel(c, ldc,
-// beta, bias) computes a whole tile; the bias (NULL, or one per column) of an edge tile is added
-// here, in the order the microkernel adds it, so edge and inner tiles round alike.
+// alpha, beta, bias) computes a whole tile. An edge tile's sums come back as they are (alpha = 1,
+// beta = 0) and are merged here with the microkernel's own arithmetic (bias added first, then C =
+// sum, sum + C, sum x alpha, or fma(sum, alpha, beta C)), so a column rounds alike whether its tile
+// was whole, narrow or cut: which of those it is may follow the path, and the path the thread count.
 template <int MR, int NR, class Kernel>
-inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float beta,
+inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float alpha, float beta,
                        const float *bias = nullptr) {
-    if (nr == NR) return kernel(c, ldc, beta, bias);
+    if (nr == NR) return kernel(c, ldc, alpha, beta, bias);
     alignas(64) float tmp[MR * NR];
-    kernel(tmp, int64_t{NR}, 0.0f, nullptr);
+    kernel(tmp, int64_t{NR}, 1.0f, 0.0f, nullptr);
+    const bool plain = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);  // as the microkernel's fast case
     for (int64_t i = 0; i < mr; ++i) {
         float *row = c + i * ldc;
         float *t = tmp + i * NR;
         if (bias)
             for (int64_t j = 0; j < nr; ++j) t[j] += bias[j];
-        if (beta == 0.0f)
-            for (int64_t j = 0; j < nr; ++j) row[j] = t[j];
+        if (beta == 0.0f)  // C is not read
+            for (int64_t j = 0; j < nr; ++j) row[j] = plain ? t[j] : t[j] * alpha;
+        else if (plain)
+            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + row[j];
         else
-            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + beta * row[j];
+            for (int64_t j = 0; j < nr; ++j) row[j] = std::fma(t[j], alpha, beta * row[j]);
     }
 }
 
@@ -104,10 +110,10 @@ inline bool sgemm_narrow_tile(int64_t mr, int64_t nr, int64_t k, const float *a,
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     return [&]<int... V>(std::integer_sequence<int, V...>) {
         return ((nr <= (V + 1) * W &&
-                 (sgemm_tile<MR, (V + 1) * W>([&](float *ct, int64_t ld, float bt, const float *bs) {
-                      sgemm_ukernel_rows<Arch, MR, V + 1, Layout::strided>(mr, k, a, rs_a, cs_a, b, rs_b, ct, ld, alpha, bt,
+                 (sgemm_tile<MR, (V + 1) * W>([&](float *ct, int64_t ld, float al, float bt, const float *bs) {
+                      sgemm_ukernel_rows<Arch, MR, V + 1, Layout::strided>(mr, k, a, rs_a, cs_a, b, rs_b, ct, ld, al, bt,
                                                                             bs);
-                  }, mr, nr, c, ldc, beta, bias),
+                  }, mr, nr, c, ldc, alpha, beta, bias),
                   true)) ||
                 ...);
     }(std::make_integer_sequence<int, NV - 1>{});
@@ -131,12 +137,12 @@ inline void sgemm_strip_packed(int64_t mr, int64_t nc, int64_t kc, const float *
         if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, a, rs_a, cs_a, bpanel, NR, c + j, ldc, alpha,
                                                            beta, bias ? bias + j : nullptr))
             continue;
-        sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float b, const float *bs) {
+        sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float al, float b, const float *bs) {
             if (mr == MR)
-                sgemm_ukernel<Arch, MR, NV, LA, Layout::packed>(kc, a, rs_a, cs_a, bpanel, NR, ct, ld, alpha, b, bs);
+                sgemm_ukernel<Arch, MR, NV, LA, Layout::packed>(kc, a, rs_a, cs_a, bpanel, NR, ct, ld, al, b, bs);
             else
-                sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, a, rs_a, cs_a, bpanel, NR, ct, ld, alpha, b, bs);
-        }, mr, nc - j < NR ? nc - j : NR, c + j, ldc, beta, bias ? bias + j : nullptr);
+                sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, a, rs_a, cs_a, bpanel, NR, ct, ld, al, b, bs);
+        }, mr, nc - j < NR ? nc - j : NR, c + j, ldc, alpha, beta, bias ? bias + j : nullptr);
     }
 }
 
@@ -207,8 +213,8 @@ void sgemm_sup_chained(const SupArgs &s, int64_t i) {
             else if (nr == P * NR)
                 run(c + jr * NR, s.ldc, s.alpha, s.beta);
             else  // the edge panel (P = 1): its valid columns only
-                sgemm_tile<R, NR>([&](float *ct, int64_t ld, float bt, const float *) { run(ct, ld, s.alpha, bt); }, R, nr,
-                                  c + jr * NR, s.ldc, s.beta);
+                sgemm_tile<R, NR>([&](float *ct, int64_t ld, float al, float bt, const float *) { run(ct, ld, al, bt); }, R,
+                                  nr, c + jr * NR, s.ldc, s.alpha, s.beta);
         };
         int64_t jr = s.jr0;
         if constexpr (NP > 2)
@@ -312,8 +318,8 @@ void sgemm_sup_chunked(const SupArgs &s) {
                 else if (nr == width)
                     run(s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta);
                 else  // the edge panel: its valid columns only
-                    sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float bt, const float *) { run(ct, ld, s.alpha, bt); }, mr,
-                                       nr, s.c + i * s.ldc + j, s.ldc, s.beta);
+                    sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float al, float bt, const float *) { run(ct, ld, al, bt); },
+                                       mr, nr, s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta);
             }
         };
         for (int64_t jr = s.jr0; jr < s.jr1;) {
@@ -391,14 +397,14 @@ void sgemm_macro_sup(const SupArgs &s) {
             if (nr < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nr, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR,
                                                            s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta, nullptr))
                 continue;
-            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float beta, const float *) {
+            sgemm_tile<MR, NR>([&](float *ct, int64_t ld, float alpha, float beta, const float *) {
                 if (s.b && nr == NR)
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::strided>(mr, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, ct, ld,
-                                                                      s.alpha, beta);
+                                                                      alpha, beta);
                 else
                     sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR, ct,
-                                                                     ld, s.alpha, beta);
-            }, mr, nr, s.c + i * s.ldc + j, s.ldc, s.beta);
+                                                                     ld, alpha, beta);
+            }, mr, nr, s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta);
         }
     }
 }

@@ -71,7 +71,7 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // same run: no shape has room that 14x32 lacks.
     // As a rule of L1d: the A micro-panel takes 7/12 of it (28 KiB of 48 at KC 512), up to KC 512
     // (768 rejected above). A 32 KiB L1d (Zen 4, Skylake-X and Cascade Lake) so gets KC 336 (an
-    // 18.4 KiB A micro-panel), not the first formula's 176 (9.9 KiB), which both 48 KiB cores had
+    // 18.4 KiB A micro-panel), not the first formula's 176 (9.6 KiB), which both 48 KiB cores had
     // beaten by 1-5%. Not measured on such a core; BLIS's tuned blockings for the two point the
     // same way: its sgemm keeps a 12 x KC micro-panel of the broadcast operand in L1 beside a
     // 32-wide one from L2, as this kernel does with A, at KC 384 on Skylake-X (18 KiB, 56% of L1d)
@@ -83,7 +83,7 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // candidates: 14x32 KC 656 0.985x, 6x64 and 8x48 KC 768 0.987x, the defaults best again. Its
     // full search (1 thread, the GEMM candidates scored on the attention at L1024 too): 14x32 KC
     // 656 0.981-0.988x, KC 128-432 0.938-0.980x; 6x64 KC 768 0.977-0.986x, KC 80-216 0.902-0.957x;
-    // 8x48 KC 768 0.969-0.980x, KC 104-272 0.911-0.964x: the defaults best of 108.
+    // 8x48 KC 768 0.969-0.980x, KC 104-272 0.911-0.964x: the defaults best of 96.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
