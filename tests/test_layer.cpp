@@ -689,6 +689,17 @@ TEST_CASE("layer: RoPE against PyTorch goldens, both pair orders (tests/data/gen
 
 namespace {
 
+// One causal sequence x (rows of E) through forward.
+std::vector<float> causal_forward(Runtime &rt, const Layer &layer, int64_t E, const std::vector<float> &x) {
+    LayerForward p;
+    p.batch = 1;
+    p.q_len = p.kv_len = static_cast<int64_t>(x.size()) / E;
+    p.causal = true;
+    std::vector<float> out(x.size(), test::kSentinel);
+    layer.forward(rt, p, x.data(), nullptr, nullptr, out.data());
+    return out;
+}
+
 // One causal sequence x (rows of E) through forward_cached on a fresh cache: a prefill of `first`
 // tokens, then one token a step. Returns every token's output.
 std::vector<float> cached_steps(Runtime &rt, const Layer &layer, const LayerConfig &config, const std::vector<float> &x,
@@ -728,17 +739,11 @@ TEST_CASE("layer: score modifiers (window, softcap, ALiBi, sinks) with RoPE: cac
     for (Isa isa : supported_isas()) {
         Runtime rt(RuntimeOptions{2, isa, {}, {}});
         Layer layer(rt, c, w.view());
-        LayerForward p;
-        p.batch = 1;
-        p.q_len = p.kv_len = L;
-        p.causal = true;
-        std::vector<float> full(x.size()), plain(x.size());
-        layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
+        const auto full = causal_forward(rt, layer, E, x);
         LayerConfig c0 = c;
         c0.variant = AttentionVariant{};
         Layer without(rt, c0, w.view());
-        without.forward(rt, p, x.data(), nullptr, nullptr, plain.data());
-        CHECK(!test::same_bits(full, plain));  // the modifiers reach the layer's attention
+        CHECK(!test::same_bits(full, causal_forward(rt, without, E, x)));  // the modifiers reach the layer's attention
         CHECK(test::same_bits(cached_steps(rt, layer, c, x, 17), full));
     }
 }
@@ -755,12 +760,8 @@ TEST_CASE("layer: with its scratch rows padded off 4 KiB, forward_varlen and for
         CAPTURE(isa_name(isa));
         Runtime rt(RuntimeOptions{2, isa, {}, {}});
         Layer layer(rt, c, w.view());
-        LayerForward p;
-        p.batch = 1;
-        p.q_len = p.kv_len = L;
-        p.causal = true;
-        std::vector<float> full(x.size()), ragged(x.size(), test::kSentinel);
-        layer.forward(rt, p, x.data(), nullptr, nullptr, full.data());
+        const auto full = causal_forward(rt, layer, E, x);
+        std::vector<float> ragged(x.size(), test::kSentinel);
         const int64_t offsets[2] = {0, L};
         layer.forward_varlen(rt, LayerVarlenForward{1, offsets, true}, x.data(), ragged.data());
         CHECK(test::same_bits(ragged, full));

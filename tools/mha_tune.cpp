@@ -86,13 +86,8 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NT", "gemm",
                           [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, g.m, g.n, g.k, 1.0f, a, g.k, b, g.k, 0.0f, c, g.n); }});
     }
-    // Attention of the same layer: H 8, D 64.
-    std::vector<std::pair<int64_t, bool>> attn = {{1024, false}};
-    if (!quick) {
-        attn.push_back({2048, false});
-        attn.push_back({2048, true});
-    }
-    for (auto [len, causal] : attn) {
+    // Attention at H 8, D 64 over one sequence of len tokens.
+    auto attention_shape = [&](int64_t len, bool causal, const char *phase, bool kernel_probe) {
         const size_t n = static_cast<size_t>(len * 8 * 64);
         const float *q = buffer(n, 0.01f), *k = buffer(n, 0.02f), *v = buffer(n, 0.5f);
         float *o = buffer(n, 0.0f);
@@ -102,9 +97,16 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         p.num_heads = p.num_kv_heads = 8;
         p.head_dim = p.value_dim = 64;
         p.causal = causal;
-        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), "attention",
-                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, len == 1024});
+        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), phase,
+                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, kernel_probe});
+    };
+    // Attention of the same layer.
+    std::vector<std::pair<int64_t, bool>> attn = {{1024, false}};
+    if (!quick) {
+        attn.push_back({2048, false});
+        attn.push_back({2048, true});
     }
+    for (auto [len, causal] : attn) attention_shape(len, causal, "attention", len == 1024);
     // Few rows (decode's projections) against a B past L2, its rows not a multiple of 4 KiB apart
     // (where sup_chain_rows decides between the chain and the tiles; 4 KiB strides always chain).
     std::vector<G> rows = {{1, 2000, 2000}, {2, 3000, 768}, {4, 1500, 1000}};
@@ -127,18 +129,8 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         shapes.push_back({"gemm " + std::to_string(n) + "^3 NN", "threads",
                           [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); }});
     }
-    for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96}) {
-        const size_t n = static_cast<size_t>(len * 8 * 64);
-        const float *q = buffer(n, 0.01f), *k = buffer(n, 0.02f), *v = buffer(n, 0.5f);
-        float *o = buffer(n, 0.0f);
-        AttentionParams p;
-        p.batch = 1;
-        p.q_len = p.kv_len = len;
-        p.num_heads = p.num_kv_heads = 8;
-        p.head_dim = p.value_dim = 64;
-        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64", "threads",
-                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }});
-    }
+    for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96})
+        attention_shape(len, false, "threads", false);
     // Elementwise work around its break-even: softmax over 128 columns, 64K to 1M elements.
     for (const int64_t rows : quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192}) {
         const float *x = buffer(static_cast<size_t>(rows * 128), 0.5f);
