@@ -258,12 +258,12 @@ void progress(int done, int total, const std::string &what) {
     std::fflush(stderr);
 }
 
-// Times each candidate against `def` (the tiles it would replace: the defaults for the GEMM
+// Times each candidate against `baseline` (the tiles it would replace: the defaults for the GEMM
 // blocking, the tiles found before them for the later steps) on the shapes its phase scores.
 void search(const std::string &phase, const std::vector<TileConfig> &candidates, const std::vector<Shape> &shapes,
-            const RuntimeOptions &base, const TileConfig &def, double budget,
+            const RuntimeOptions &base, const TileConfig &baseline, double budget,
             std::vector<Measured> &all, int &done, int total) {
-    Runtime def_rt([&] { RuntimeOptions o = base; o.tiles = def; return o; }());
+    Runtime baseline_rt([&] { RuntimeOptions o = base; o.tiles = baseline; return o; }());
     for (const auto &t : candidates) {
         Measured m{phase, t, {}, {}, 0};
         RuntimeOptions o = base;
@@ -273,7 +273,7 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
         int n = 0;
         for (const auto &s : shapes) {
             if (!scored_in(s, phase)) continue;
-            const auto times = time_pair(s, rt, def_rt, budget);
+            const auto times = time_pair(s, rt, baseline_rt, budget);
             m.ms.push_back(times[0] * 1e3);
             m.baseline_ms.push_back(times[1] * 1e3);
             log_sum += std::log(times[1] / times[0]);

@@ -447,9 +447,9 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // packed copy (this Xeon 16x1024x1024 68 -> 83 GFLOP/s, Zen 5 16x2048x2048 153 packed against 129
 // in place, AVX2 on the Xeon 59 -> 45), so those rows read B in chunks of depth instead, up to
 // chunked_rows. Every path gives the same bits.
-int64_t in_place_rows(const RuntimeState &s, int64_t m, int64_t n, int64_t k, int64_t ldb) {
+// one_thread: whether the call stays on the calling thread (RuntimeState::threads_for).
+int64_t in_place_rows(const RuntimeState &s, bool one_thread, int64_t n, int64_t k, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
-    const bool one_thread = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops) == 1;
     if (ldb % 1024 == 0)  // rows a multiple of 4 KiB apart: in chunks, from memory (see sgemm_sup)
         return b_past_block(s.tiles, n, k) ? chunked_rows(uk, one_thread) : uk.mr;
     if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? 8 * uk.mr - 1 : 32);
@@ -578,10 +578,10 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // 64 rows 0.98-1.02x. AVX2 (6x16), 2 threads: 128x1536x512 1.26x, 4096x512x512 NT 1.12x,
     // 512x1536x512 NT 1.06x, 384^3 1.06x, 1024x1024x256 1.06x, 512^3 1.05x. One thread: level
     // (AVX-512 0.995-1.006x, AVX2 1.01-1.02x), so it keeps the rule.
-    const int64_t MR = s.sgemm->mr;
     const bool one_thread = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops) == 1;
-    const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * MR);
-    const bool sup = n <= s.tiles.sup_max_n || short_depth || (transb == Trans::N && m <= in_place_rows(s, m, n, k, ldb));
+    const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * s.sgemm->mr);
+    const bool sup = n <= s.tiles.sup_max_n || short_depth ||
+                     (transb == Trans::N && m <= in_place_rows(s, one_thread, n, k, ldb));
     in_arena(s, 2.0 * m * n * k, [&] {
         if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
         sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);

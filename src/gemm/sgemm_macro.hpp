@@ -74,25 +74,23 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
 // only its valid columns are merged, so the microkernel never branches on the edge. kernel(c, ldc,
 // alpha, beta, bias) computes a whole tile. An edge tile's sums come back as they are (alpha = 1,
-// beta = 0) and are merged here with the microkernel's own arithmetic (bias added first, then C =
-// sum, sum + C, sum x alpha, or fma(sum, alpha, beta C)), so a column rounds alike whether its tile
-// was whole, narrow or cut: which of those it is may follow the path, and the path the thread count.
+// beta = 0) and are merged here with the microkernel's own arithmetic in its general form (bias
+// added first, then C = sum x alpha, or fma(sum, alpha, beta C); its fast cases for alpha = 1 give
+// the same bits), so a column rounds alike whether its tile was whole, narrow or cut: which of
+// those it is may follow the path, and the path the thread count.
 template <int MR, int NR, class Kernel>
 inline void sgemm_tile(const Kernel &kernel, int64_t mr, int64_t nr, float *c, int64_t ldc, float alpha, float beta,
                        const float *bias = nullptr) {
     if (nr == NR) return kernel(c, ldc, alpha, beta, bias);
     alignas(64) float tmp[MR * NR];
     kernel(tmp, int64_t{NR}, 1.0f, 0.0f, nullptr);
-    const bool plain = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);  // as the microkernel's fast case
     for (int64_t i = 0; i < mr; ++i) {
         float *row = c + i * ldc;
         float *t = tmp + i * NR;
         if (bias)
             for (int64_t j = 0; j < nr; ++j) t[j] += bias[j];
         if (beta == 0.0f)  // C is not read
-            for (int64_t j = 0; j < nr; ++j) row[j] = plain ? t[j] : t[j] * alpha;
-        else if (plain)
-            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + row[j];
+            for (int64_t j = 0; j < nr; ++j) row[j] = t[j] * alpha;
         else
             for (int64_t j = 0; j < nr; ++j) row[j] = std::fma(t[j], alpha, beta * row[j]);
     }
