@@ -3,6 +3,7 @@
 #include "mha/runtime.hpp"
 #include "mha/softmax.hpp"
 
+#include <cpuid.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
@@ -638,6 +640,27 @@ std::string anchor_environment() {
         if (const char *v = std::getenv(name)) out += std::string(out.empty() ? "" : " ") + name + "=" + v;
     for (const std::string &kv : torch_malloc_env()) out += " " + kv;  // (PyTorch's process)
     return out;
+}
+
+Machine machine() {
+    Machine m;
+    m.cpu = cpu_model_name();
+    m.caches = detect_cache_sizes();
+    m.hardware_threads = std::thread::hardware_concurrency();
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        char v[13] = {};
+        std::memcpy(v, &b, 4);
+        std::memcpy(v + 4, &d, 4);
+        std::memcpy(v + 8, &c, 4);
+        m.vendor = v;
+    }
+    if (__get_cpuid(1, &a, &b, &c, &d)) {  // the display family and model, as the SDM composes them
+        const int family = static_cast<int>((a >> 8) & 0xf), model = static_cast<int>((a >> 4) & 0xf);
+        m.family = family == 0xf ? family + static_cast<int>((a >> 20) & 0xff) : family;
+        m.model = family == 0x6 || family == 0xf ? model | static_cast<int>((a >> 12) & 0xf0) : model;
+    }
+    return m;
 }
 
 bool has_dnnl() {

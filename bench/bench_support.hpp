@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mha/isa.hpp"
+#include "mha/tile_config.hpp"
 
 namespace mha::bench {
 
@@ -231,6 +232,17 @@ double read_probe_gbs(int threads);
 void ensure_anchor_environment(char **argv);
 // The anchor settings in force, "NAME=value ...", for the report.
 std::string anchor_environment();
+
+// The machine a report was measured on: cpuid's vendor, family and model (family 6 model 167: a
+// Sapphire Rapids Xeon; AMD family 0x19: Zen 3 and 4, 0x1A: Zen 5), the model name, the caches
+// the defaults are derived from, and the hardware threads.
+struct Machine {
+    std::string cpu, vendor;
+    int family = 0, model = 0;
+    CacheSizes caches;
+    unsigned hardware_threads = 0;
+};
+Machine machine();
 
 // The anchors, each run on `threads` threads. has_*() says whether it was compiled in.
 bool has_dnnl();

@@ -11,9 +11,11 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "mha/runtime.hpp"
 #include "mha/tile_config.hpp"
 #include "run_tool.hpp"
 
@@ -106,7 +108,7 @@ TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a
     CHECK(f.tiles.parallel_min_elems <= int64_t{1} << 20);
 }
 
-TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run and mha-tune with the file and the problem") {
+TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with the file and the problem") {
     TempDir tmp;
     std::ofstream(tmp / "bad.json") << R"({"format": "mha-tile-config", "version": 1, "isa": "avx2", "tiles": {"kc": -4}})";
     std::ofstream(tmp / "junk.json") << "{ not json";
@@ -120,6 +122,9 @@ TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run and mha-tune with the file and
         const auto t = run_tool("MHA_TUNE", "--quick --max-candidates 1", true, env);
         CHECK(t.code != 0);
         CHECK(t.output.find(tmp / file) != std::string::npos);
+        const auto b = run_tool("MHA_BENCH", "--quick --threads 1 --filter 'threads/softmax/32x128'", true, env);
+        CHECK(b.code == 2);
+        CHECK(b.output.find(tmp / file) != std::string::npos);
     }
 }
 
@@ -307,4 +312,77 @@ TEST_CASE("mha-bench --filter threads: a small call on 2 threads beside 1 thread
     CHECK(row["vs"]["all threads"].get<double>() > 0);
     CHECK(row["cpu_per_wall"].get<double>() > 0);
     CHECK(row["anchor_valid"]["1 thread"] == true);  // mha's own anchors are not judged
+}
+
+namespace {
+
+// The first processor's "key : value" lines of /proc/cpuinfo (the kernel's own reading of cpuid).
+std::map<std::string, std::string> cpuinfo() {
+    std::map<std::string, std::string> out;
+    std::ifstream f("/proc/cpuinfo");
+    for (std::string line; std::getline(f, line) && !line.empty();) {
+        const auto colon = line.find(':');
+        if (colon == std::string::npos) continue;
+        std::string key = line.substr(0, colon);
+        key.erase(key.find_last_not_of(" \t") + 1);
+        const auto v = line.find_first_not_of(' ', colon + 1);
+        out[key] = v == std::string::npos ? "" : line.substr(v);
+    }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, or MHA_TILE_CONFIG's") {
+    const char *args = "--quick --threads 1 --filter 'threads/softmax/32x128'";
+    const Runtime rt(RuntimeOptions{1, {}, {}, {}});  // the ISA the tool's runtimes take too (MHA_ISA)
+    const CacheSizes caches = detect_cache_sizes();
+    const TileConfig defaults = default_tile_config(rt.isa(), caches);
+    auto tiles_json = [&](const TileConfig &t) {
+        return nlohmann::json::parse(tile_config_json(TileConfigFile{rt.isa(), "", "", t}))["tiles"];
+    };
+
+    const auto r = run_tool("MHA_BENCH", std::string(args) + " --json", false, "MHA_TILE_CONFIG=");
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    const auto &m = j["machine"];
+    const auto info = cpuinfo();
+    if (info.count("model name")) CHECK(m["cpu"] == info.at("model name"));
+    if (info.count("vendor_id")) CHECK(m["vendor"] == info.at("vendor_id"));
+    if (info.count("cpu family")) CHECK(m["family"].get<int>() == std::stoi(info.at("cpu family")));
+    if (info.count("model")) CHECK(m["model"].get<int>() == std::stoi(info.at("model")));
+    CHECK(m["l1d_bytes"].get<int64_t>() == caches.l1d);
+    CHECK(m["l2_bytes"].get<int64_t>() == caches.l2);
+    CHECK(m["l3_bytes"].get<int64_t>() == caches.l3);
+    CHECK(m["hardware_threads"].get<unsigned>() == std::thread::hardware_concurrency());
+    CHECK(m["isa"] == std::string(isa_name(rt.isa())));
+    CHECK(m["isa_best"] == std::string(isa_name(best_isa())));
+    auto tiles = j["tiles"];
+    CHECK(tiles["source"] == "defaults");
+    tiles.erase("source");
+    CHECK(tiles == tiles_json(defaults));
+
+    // A tuned config: every runtime of the run takes it, and the report says so.
+    TempDir tmp;
+    TileConfig tuned = defaults;
+    tuned.kc = std::max<int64_t>(64, defaults.kc / 2 / 8 * 8);
+    tuned.sup_max_k = tuned.kc;
+    tuned.parallel_min_flops = int64_t{3} << 20;
+    std::ofstream(tmp / "tuned.json") << tile_config_json(TileConfigFile{rt.isa(), "test", "", tuned});
+    const std::string env = "MHA_TILE_CONFIG=" + shell_quote(tmp / "tuned.json");
+    const auto t = run_tool("MHA_BENCH", std::string(args) + " --json", false, env);
+    REQUIRE(t.code == 0);
+    auto tj = nlohmann::json::parse(t.output)["tiles"];
+    CHECK(tj["source"] == tmp / "tuned.json");
+    tj.erase("source");
+    CHECK(tj == tiles_json(tuned));
+    CHECK(tj != tiles_json(defaults));
+
+    // The table's header: the machine and the tiles, each on a line of its own.
+    const auto table = run_tool("MHA_BENCH", args, false, env);
+    REQUIRE(table.code == 0);
+    INFO(table.output);
+    CHECK(table.output.find("\nmachine: " + m["cpu"].get<std::string>() + " (") != std::string::npos);
+    CHECK(table.output.find("\ntiles (" + tmp / "tuned.json" + "): " + tuned.gemm_ukernel + " MC " +
+                            std::to_string(tuned.mc) + " KC " + std::to_string(tuned.kc) + " ") != std::string::npos);
 }

@@ -40,7 +40,55 @@ struct Context {
     std::map<int, double> peak;  // threads -> GFLOP/s
     std::map<int, double> bandwidth;  // threads -> read GB/s
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
+    // What the run was measured on and with: the machine, and the ISA and tiles every runtime of
+    // the run resolves (MHA_ISA, MHA_TILE_CONFIG or the defaults), so reports from different CPUs
+    // or configs can be told apart and compared.
+    bench::Machine machine;
+    Isa isa = Isa::avx2;
+    TileConfig tiles;
+    std::string tiles_source;  // "defaults", or the MHA_TILE_CONFIG file they came from
 };
+
+// Fills ctx's machine, ISA and tiles (a broken MHA_TILE_CONFIG stops the run here, naming it).
+void describe_machine(Context &ctx) {
+    const Runtime probe(RuntimeOptions{1, {}, {}, {}});
+    ctx.isa = probe.isa();
+    ctx.tiles = probe.tiles();
+    const char *path = std::getenv("MHA_TILE_CONFIG");
+    ctx.tiles_source = path && *path ? path : "defaults";
+    ctx.machine = bench::machine();
+}
+
+// The report's "machine" and "tiles" objects.
+void json_machine(const Context &ctx, nlohmann::json &j) {
+    const bench::Machine &m = ctx.machine;
+    j["machine"] = {{"cpu", m.cpu}, {"vendor", m.vendor}, {"family", m.family}, {"model", m.model},
+                    {"l1d_bytes", m.caches.l1d}, {"l2_bytes", m.caches.l2}, {"l3_bytes", m.caches.l3},
+                    {"hardware_threads", m.hardware_threads}, {"isa", std::string(isa_name(ctx.isa))},
+                    {"isa_best", std::string(isa_name(best_isa()))}};
+    nlohmann::json t = nlohmann::json::parse(tile_config_json(TileConfigFile{ctx.isa, m.cpu, "", ctx.tiles}))["tiles"];
+    t["source"] = ctx.tiles_source;
+    j["tiles"] = t;
+}
+
+// The same for the table's header: two lines.
+void print_machine(const Context &ctx) {
+    const bench::Machine &m = ctx.machine;
+    const TileConfig &t = ctx.tiles;
+    std::printf("machine: %s (%s family %d model %d), L1d %lld KiB, L2 %lld KiB, L3 %lld MiB, %u hardware threads; "
+                "ISA %s\n",
+                m.cpu.c_str(), m.vendor.c_str(), m.family, m.model, static_cast<long long>(m.caches.l1d >> 10),
+                static_cast<long long>(m.caches.l2 >> 10), static_cast<long long>(m.caches.l3 >> 20), m.hardware_threads,
+                std::string(isa_name(ctx.isa)).c_str());
+    std::printf("tiles (%s): %s MC %lld KC %lld NC %lld, small problems to N %lld or K %lld, chain rows %lld; "
+                "attention BQ %lld BK %lld chunk %lld; threads from %lld FLOP / %lld elements\n",
+                ctx.tiles_source.c_str(), t.gemm_ukernel.c_str(), static_cast<long long>(t.mc),
+                static_cast<long long>(t.kc), static_cast<long long>(t.nc), static_cast<long long>(t.sup_max_n),
+                static_cast<long long>(t.sup_max_k), static_cast<long long>(t.sup_chain_rows),
+                static_cast<long long>(t.attn_block_q), static_cast<long long>(t.attn_block_k),
+                static_cast<long long>(t.attn_kv_chunk), static_cast<long long>(t.parallel_min_flops),
+                static_cast<long long>(t.parallel_min_elems));
+}
 
 struct Row {
     std::string suite, name, shape;
@@ -812,6 +860,7 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
     std::printf("mha: the few-rows GEMM's transposes: %s (MHA_TRANSPOSE)\n",
                 gemm::transpose_variant_name(gemm::transpose_variant()));
+    print_machine(ctx);
     std::string suite;
     int shape_width = 20;  // wide enough for every shape (the serving shapes are longer)
     for (const auto &r : rows) shape_width = std::max(shape_width, static_cast<int>(r.shape.size()));
@@ -915,6 +964,7 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
     for (auto [t, b] : ctx.bandwidth) j["bandwidth_gbs_by_threads"][std::to_string(t)] = b;
     j["anchor_environment"] = bench::anchor_environment();
     j["gemm_transpose"] = gemm::transpose_variant_name(gemm::transpose_variant());
+    json_machine(ctx, j);
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
         nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
@@ -1046,6 +1096,7 @@ int run_mpi_suite(const Context &ctx, const std::regex *filter) {
         nlohmann::json j;
         j["suite"] = "mpi";
         j["ranks"] = size;
+        json_machine(ctx, j);
         j["results"] = nlohmann::json::array();
         for (const auto &r : rows) {
             nlohmann::json o = {{"suite", r.suite}, {"name", r.suite + "/" + r.name}, {"shape", r.shape},
@@ -1056,8 +1107,9 @@ int run_mpi_suite(const Context &ctx, const std::regex *filter) {
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
-    std::printf("mha-bench --mpi%s: %d rank%s\n\n%-9s %-10s %-24s %7s %10s %12s %11s\n", ctx.opt.quick ? " --quick" : "", size,
-                size > 1 ? "s" : "", "suite", "name", "shape", "threads", "ms", "rate", "vs 1 rank");
+    std::printf("mha-bench --mpi%s: %d rank%s\n", ctx.opt.quick ? " --quick" : "", size, size > 1 ? "s" : "");
+    print_machine(ctx);
+    std::printf("\n%-9s %-10s %-24s %7s %10s %12s %11s\n", "suite", "name", "shape", "threads", "ms", "rate", "vs 1 rank");
     for (const auto &r : rows)
         std::printf("%-9s %-10s %-24s %7d %10.3f %7.2f GF/s %10.2fx   %s\n", r.suite.c_str(), r.name.c_str(), r.shape.c_str(),
                     r.threads, r.ms, r.rate, r.vs[0].second, r.note.c_str());
@@ -1082,6 +1134,7 @@ int main(int argc, char **argv) {
             return 0;
         }
         gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
+        describe_machine(ctx);
         // Under mpirun (or with --mpi) the mpi suite runs alone: the other suites on every rank at
         // once would measure nothing but the ranks' contention.
         const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
