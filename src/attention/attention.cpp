@@ -141,12 +141,7 @@ void attention(Runtime &rt, const AttentionParams &p, const float *q, const floa
             p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim)), p.causal, p.kv_valid_lens,
             p.mask, p.mask_batch_stride, p.mask_row_stride, p.weights,
             std::min(st.tiles.attn_block_q, p.q_len), st.tiles.attn_block_k, st.tiles.attn_kv_chunk};
-    s.ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim;
-    s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
-    s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
-    s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
-    attention_detail::set_variant(s, p.variant);
-    attention_detail::run_attention(st, ak, s, q, k, v, out);
+    attention_detail::run_dense(st, ak, s, p, q, k, v, out);
 }
 
 namespace attention_detail {

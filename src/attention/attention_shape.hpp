@@ -182,6 +182,19 @@ struct AttentionKernel;
 void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s, const float *q, const float *k,
                    const float *v, float *out);
 
+// A dense call's row strides (0 in the params: dense rows), its score modifiers, and the run: what
+// attention() and attention_varlen() share after building their shapes.
+template <class Params>
+void run_dense(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s, const Params &p, const float *q,
+               const float *k, const float *v, float *out) {
+    s.ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim;
+    s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
+    s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
+    s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
+    set_variant(s, p.variant);
+    run_attention(st, ak, s, q, k, v, out);
+}
+
 // Refuses out == q (in place) unless each head's output lands on its own query: value_dim ==
 // head_dim, equal row strides (ldq, ldo: resolved, not 0) and no weights (their pass reads Q
 // after the outputs). Every entry point that runs the kernels allows it on these terms.

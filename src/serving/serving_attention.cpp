@@ -100,12 +100,7 @@ void attention_varlen(Runtime &rt, const VarlenParams &p, const float *q, const 
     const auto &ak = attention_detail::find_attention_kernel(st.tiles.gemm_ukernel);
     auto s = ragged_shape(st, p.num_seqs, p.q_offsets, p.kv_offsets, p.num_heads, p.num_kv_heads, p.head_dim,
                           p.value_dim, scale, p.causal);
-    s.ldq = p.q_stride ? p.q_stride : p.num_heads * p.head_dim;
-    s.ldk = p.k_stride ? p.k_stride : p.num_kv_heads * p.head_dim;
-    s.ldv = p.v_stride ? p.v_stride : p.num_kv_heads * p.value_dim;
-    s.ldo = p.out_stride ? p.out_stride : p.num_heads * p.value_dim;
-    attention_detail::set_variant(s, p.variant);
-    attention_detail::run_attention(st, ak, s, q, k, v, out);
+    attention_detail::run_dense(st, ak, s, p, q, k, v, out);
 }
 
 void attention_cached(Runtime &rt, const KVCache &cache, const CachedParams &p, const float *q, float *out) {
