@@ -361,6 +361,31 @@ std::vector<int64_t> chunks_of(int64_t L, std::initializer_list<int64_t> sizes) 
     return v;
 }
 
+// Sequence 2 appended and attended in chunks (`sizes`, on r2), then sequence 3 token by token
+// (decode, the runtimes alternating), each output row against the prefill's F bit for bit
+// (`what` names the cache in the messages). Returns how many chunks and steps differed.
+int64_t chunks_then_steps(mha_runtime *r1, mha_runtime *r2, mha_kv_cache *c, const Shape &s, const SeqData &t,
+                          const std::vector<float> &F, int64_t L, std::initializer_list<int64_t> sizes,
+                          const std::string &what) {
+    const int64_t row = s.o_row();
+    int64_t pos = 0, bad = 0;
+    for (int64_t n : chunks_of(L, sizes)) {
+        append(r2, c, s, 2, t, pos, n);
+        std::vector<float> out(sz(n * row), test::kSentinel);
+        REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK);
+        bad += !same_rows(out.data(), F.data() + pos * row, n, row, what + "chunk", pos);
+        pos += n;
+    }
+    for (int64_t i = 0; i < L && bad < 3; ++i) {
+        mha_runtime *rt = i % 2 ? r2 : r1;
+        append(rt, c, s, 3, t, i, 1);
+        std::vector<float> out(sz(row), test::kSentinel);
+        REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), out.data()) == MHA_OK);
+        bad += !same_rows(out.data(), F.data() + i * row, 1, row, what + "decode step", i);
+    }
+    return bad;
+}
+
 // ---- The layer --------------------------------------------------------------------------------
 
 struct LayerBox {
@@ -1106,22 +1131,7 @@ TEST_CASE("variant: window, softcap, ALiBi, sinks through varlen and the cache (
                               "cached not causal vs mha_attention");
                     close_to(nc.data(), reference(s, 5, L, false, q5, t.k.data(), t.v.data()), "cached not causal vs reference");
                 }
-                int64_t pos = 0, bad = 0;
-                for (int64_t n : chunks_of(L, {1, 7, 64, 100})) {
-                    append(r2, c, s, 2, t, pos, n);
-                    std::vector<float> out(sz(n * row), test::kSentinel);
-                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), out.data()) == MHA_OK);
-                    bad += !same_rows(out.data(), F.data() + pos * row, n, row, "chunk", pos);
-                    pos += n;
-                }
-                for (int64_t i = 0; i < L && bad < 3; ++i) {
-                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
-                    append(rt, c, s, 3, t, i, 1);
-                    std::vector<float> out(sz(row), test::kSentinel);
-                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), out.data()) == MHA_OK);
-                    bad += !same_rows(out.data(), F.data() + i * row, 1, row, "decode step", i);
-                }
-                CHECK(bad == 0);
+                CHECK(chunks_then_steps(r1, r2, c, s, t, F, L, {1, 7, 64, 100}, "") == 0);
             }
 }
 
@@ -1215,21 +1225,7 @@ TEST_CASE("int8 cache: attention adds no error beyond storage (double reference 
                 std::vector<float> out(sz(L * row), test::kSentinel);
                 REQUIRE_MESSAGE(cached(r2, c, {1}, {0, L}, s.H, true, t.q.data(), out.data()) == MHA_OK, mha_last_error());
                 same_rows(out.data(), F.data(), L, row, "int8 cached prefill on 2 threads = on 1");
-                int64_t pos = 0;
-                for (int64_t n : chunks_of(L, {1, 7, 64})) {
-                    append(r2, c, s, 2, t, pos, n);
-                    std::vector<float> o(sz(n * row), test::kSentinel);
-                    REQUIRE(cached(r2, c, {2}, {0, n}, s.H, true, t.q.data() + pos * s.q_row(), o.data()) == MHA_OK);
-                    bad += !same_rows(o.data(), F.data() + pos * row, n, row, "int8 chunk", pos);
-                    pos += n;
-                }
-                for (int64_t i = 0; i < L && bad < 3; ++i) {
-                    mha_runtime *rt = i % 2 ? static_cast<mha_runtime *>(r2) : static_cast<mha_runtime *>(r1);
-                    append(rt, c, s, 3, t, i, 1);
-                    std::vector<float> o(sz(row), test::kSentinel);
-                    REQUIRE(cached(rt, c, {3}, {0, 1}, s.H, true, t.q.data() + i * s.q_row(), o.data()) == MHA_OK);
-                    bad += !same_rows(o.data(), F.data() + i * row, 1, row, "int8 decode step", i);
-                }
+                if (bad < 3) bad += static_cast<int>(chunks_then_steps(r1, r2, c, s, t, F, L, {1, 7, 64}, "int8 "));
                 CHECK(bad == 0);
             }
 }
