@@ -233,10 +233,10 @@ void ensure_anchor_environment(char **argv);
 // The anchor settings in force, "NAME=value ...", for the report.
 std::string anchor_environment();
 
-// The machine a report was measured on: cpuid's vendor, family and model (as lscpu prints them; AMD
-// family 0x19: Zen 3 and 4, 0x1A: Zen 5; a virtual machine may report other values than its host's:
-// the AMX Xeon of docs/performance-history.md reads family 6 model 167), the model name, the caches
-// the defaults are derived from, and the hardware threads.
+// The machine a report was measured on: cpuid's vendor, family and model (in decimal, as lscpu
+// prints them: AMD family 25 (0x19) is Zen 3 and 4, 26 (0x1A) Zen 5; a virtual machine may report
+// other values than its host's: the AMX Xeon of docs/performance-history.md reads family 6 model
+// 167), the model name, the caches the defaults are derived from, and the hardware threads.
 struct Machine {
     std::string cpu, vendor;
     int family = 0, model = 0;

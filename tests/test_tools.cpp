@@ -15,7 +15,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mha/runtime.hpp"
 #include "mha/tile_config.hpp"
 #include "run_tool.hpp"
 
@@ -125,6 +124,7 @@ TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with t
         const auto b = run_tool("MHA_BENCH", "--quick --threads 1 --filter 'threads/softmax/32x128'", true, env);
         CHECK(b.code == 2);
         CHECK(b.output.find(tmp / file) != std::string::npos);
+        CHECK(b.output.find("measuring the FMA peak") == std::string::npos);  // at start, before any work
     }
 }
 
@@ -335,14 +335,18 @@ std::map<std::string, std::string> cpuinfo() {
 
 TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, or MHA_TILE_CONFIG's") {
     const char *args = "--quick --threads 1 --filter 'threads/softmax/32x128'";
-    const Runtime rt(RuntimeOptions{1, {}, {}, {}});  // the ISA the tool's runtimes take too (MHA_ISA)
+    // The ISA the tool's runtimes take (MHA_ISA, else the best), and its tiles with neither a
+    // config file nor MHA_PARALLEL_ALWAYS (which zeroes the thresholds) in the way.
+    const char *isa_env = std::getenv("MHA_ISA");
+    const Isa isa = isa_env && *isa_env ? parse_isa(isa_env).value() : best_isa();
+    const std::string clean = "MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG=";
     const CacheSizes caches = detect_cache_sizes();
-    const TileConfig defaults = default_tile_config(rt.isa(), caches);
+    const TileConfig defaults = default_tile_config(isa, caches);
     auto tiles_json = [&](const TileConfig &t) {
-        return nlohmann::json::parse(tile_config_json(TileConfigFile{rt.isa(), "", "", t}))["tiles"];
+        return nlohmann::json::parse(tile_config_json(TileConfigFile{isa, "", "", t}))["tiles"];
     };
 
-    const auto r = run_tool("MHA_BENCH", std::string(args) + " --json", false, "MHA_TILE_CONFIG=");
+    const auto r = run_tool("MHA_BENCH", std::string(args) + " --json", false, clean);
     REQUIRE(r.code == 0);
     const auto j = nlohmann::json::parse(r.output);
     const auto &m = j["machine"];
@@ -355,7 +359,7 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
     CHECK(m["l2_bytes"].get<int64_t>() == caches.l2);
     CHECK(m["l3_bytes"].get<int64_t>() == caches.l3);
     CHECK(m["hardware_threads"].get<unsigned>() == std::thread::hardware_concurrency());
-    CHECK(m["isa"] == std::string(isa_name(rt.isa())));
+    CHECK(m["isa"] == std::string(isa_name(isa)));
     CHECK(m["isa_best"] == std::string(isa_name(best_isa())));
     auto tiles = j["tiles"];
     CHECK(tiles["source"] == "defaults");
@@ -368,8 +372,8 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
     tuned.kc = std::max<int64_t>(64, defaults.kc / 2 / 8 * 8);
     tuned.sup_max_k = tuned.kc;
     tuned.parallel_min_flops = int64_t{3} << 20;
-    std::ofstream(tmp / "tuned.json") << tile_config_json(TileConfigFile{rt.isa(), "test", "", tuned});
-    const std::string env = "MHA_TILE_CONFIG=" + shell_quote(tmp / "tuned.json");
+    std::ofstream(tmp / "tuned.json") << tile_config_json(TileConfigFile{isa, "test", "", tuned});
+    const std::string env = "MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG=" + shell_quote(tmp / "tuned.json");
     const auto t = run_tool("MHA_BENCH", std::string(args) + " --json", false, env);
     REQUIRE(t.code == 0);
     auto tj = nlohmann::json::parse(t.output)["tiles"];
@@ -385,4 +389,13 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
     CHECK(table.output.find("\nmachine: " + m["cpu"].get<std::string>() + " (") != std::string::npos);
     CHECK(table.output.find("\ntiles (" + tmp / "tuned.json" + "): " + tuned.gemm_ukernel + " MC " +
                             std::to_string(tuned.mc) + " KC " + std::to_string(tuned.kc) + " ") != std::string::npos);
+
+    // MHA_PARALLEL_ALWAYS=1 zeroes the thresholds of every runtime, and the report says so.
+    const auto always = run_tool("MHA_BENCH", std::string(args) + " --json", false, "MHA_PARALLEL_ALWAYS=1 MHA_TILE_CONFIG=");
+    REQUIRE(always.code == 0);
+    const auto aj = nlohmann::json::parse(always.output)["tiles"];
+    CHECK(aj["source"] == "defaults + MHA_PARALLEL_ALWAYS");
+    CHECK(aj["parallel_min_flops"] == 0);
+    CHECK(aj["parallel_min_elems"] == 0);
+    CHECK(aj["kc"] == defaults.kc);
 }

@@ -40,13 +40,14 @@ struct Context {
     std::map<int, double> peak;  // threads -> GFLOP/s
     std::map<int, double> bandwidth;  // threads -> read GB/s
     double budget_s() const { return opt.quick ? 0.25 : 1.0; }
-    // What the run was measured on and with: the machine, and the ISA and tiles every runtime of
-    // the run resolves (MHA_ISA, MHA_TILE_CONFIG or the defaults), so reports from different CPUs
-    // or configs can be told apart and compared.
+    // What the run was measured on and with: the machine, and the ISA and tiles the runtimes of
+    // the run resolve (MHA_ISA, MHA_TILE_CONFIG or the defaults, MHA_PARALLEL_ALWAYS; all but the
+    // threads suite's "all threads" runtime, which zeroes the thresholds itself), so reports from
+    // different CPUs or configs can be told apart and compared.
     bench::Machine machine;
     Isa isa = Isa::avx2;
     TileConfig tiles;
-    std::string tiles_source;  // "defaults", or the MHA_TILE_CONFIG file they came from
+    std::string tiles_source;  // "defaults" or the MHA_TILE_CONFIG file, "+ MHA_PARALLEL_ALWAYS" if set
 };
 
 // Fills ctx's machine, ISA and tiles (a broken MHA_TILE_CONFIG stops the run here, naming it).
@@ -54,8 +55,9 @@ void describe_machine(Context &ctx) {
     const Runtime probe(RuntimeOptions{1, {}, {}, {}});
     ctx.isa = probe.isa();
     ctx.tiles = probe.tiles();
-    const char *path = std::getenv("MHA_TILE_CONFIG");
+    const char *path = std::getenv("MHA_TILE_CONFIG"), *always = std::getenv("MHA_PARALLEL_ALWAYS");
     ctx.tiles_source = path && *path ? path : "defaults";
+    if (always && std::string(always) == "1") ctx.tiles_source += " + MHA_PARALLEL_ALWAYS";  // thresholds 0
     ctx.machine = bench::machine();
 }
 
@@ -1134,7 +1136,6 @@ int main(int argc, char **argv) {
             return 0;
         }
         gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
-        describe_machine(ctx);
         // Under mpirun (or with --mpi) the mpi suite runs alone: the other suites on every rank at
         // once would measure nothing but the ranks' contention.
         const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
@@ -1145,6 +1146,7 @@ int main(int argc, char **argv) {
             MPI_Init(&argc, &argv);
             int code = 0;
             try {
+                describe_machine(ctx);  // after MPI_Init, which may pin the rank (TBB reads the mask once)
                 code = run_mpi_suite(ctx, filter.get());
             } catch (const std::exception &e) {
                 std::fprintf(stderr, "mha-bench: %s\n", e.what());
@@ -1156,6 +1158,7 @@ int main(int argc, char **argv) {
             throw cli::UsageError("the mpi suite needs an mha-bench built with MPI (meson -Dmpi=enabled, OpenMPI)");
 #endif
         }
+        describe_machine(ctx);
         std::unique_ptr<std::regex> filter;
         if (!ctx.opt.filter.empty()) filter = std::make_unique<std::regex>(ctx.opt.filter);
         std::fprintf(stderr, "measuring the FMA peak and the read bandwidth...\n");
