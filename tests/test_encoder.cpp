@@ -369,19 +369,7 @@ void run_layer_case(const LayerCase &cs, Norm norm, Runtime &rt) {
 } // namespace
 
 TEST_CASE("layer Add & Norm (post and pre) matches the double reference") {
-    auto cfg = [](int64_t E, int64_t H, int64_t Hkv = 0, int64_t hd = 0, int64_t vd = 0, int64_t kdim = 0,
-                  int64_t vdim = 0, float eps = 0.0f) {
-        LayerConfig c;
-        c.embed_dim = E;
-        c.num_heads = H;
-        c.num_kv_heads = Hkv;
-        c.head_dim = hd;
-        c.value_dim = vd;
-        c.kdim = kdim;
-        c.vdim = vdim;
-        c.norm_eps = eps;
-        return c;
-    };
+    const auto cfg = [](auto... sizes) { return test::layer_config(sizes...); };
     const std::vector<LayerCase> cases = {
         {"self", cfg(32, 4), 2, 9, 9},
         {"self eps 1e-6", cfg(32, 4, 0, 0, 0, 0, 0, 1e-6f), 2, 5, 5},

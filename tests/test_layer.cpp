@@ -170,18 +170,7 @@ void run_case(const Case &cs, Runtime &rt) {
 } // namespace
 
 TEST_CASE("layer matches the double reference over every feature") {
-    auto cfg = [](int64_t E, int64_t H, int64_t Hkv = 0, int64_t hd = 0, int64_t vd = 0, int64_t kdim = 0,
-                  int64_t vdim = 0) {
-        LayerConfig c;
-        c.embed_dim = E;
-        c.num_heads = H;
-        c.num_kv_heads = Hkv;
-        c.head_dim = hd;
-        c.value_dim = vd;
-        c.kdim = kdim;
-        c.vdim = vdim;
-        return c;
-    };
+    const auto cfg = [](auto... sizes) { return test::layer_config(sizes...); };
     const std::vector<Case> cases = {
         {"self", cfg(32, 4), 2, 9, 9},
         {"self one token", cfg(32, 4), 3, 1, 1},

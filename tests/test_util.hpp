@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "mha/layer.hpp"
 #include "mha/runtime.hpp"
 
 namespace mha::test {
@@ -32,6 +33,22 @@ inline bool reduced() {
         return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
     }();
     return on;
+}
+
+// A layer's sizes; 0 takes the layer's default (Hkv = H, head_dim = value_dim = E / H, kdim = vdim
+// = E, LayerNorm's eps 1e-5).
+inline LayerConfig layer_config(int64_t E, int64_t H, int64_t Hkv = 0, int64_t hd = 0, int64_t vd = 0,
+                                int64_t kdim = 0, int64_t vdim = 0, float eps = 0.0f) {
+    LayerConfig c;
+    c.embed_dim = E;
+    c.num_heads = H;
+    c.num_kv_heads = Hkv;
+    c.head_dim = hd;
+    c.value_dim = vd;
+    c.kdim = kdim;
+    c.vdim = vdim;
+    c.norm_eps = eps;
+    return c;
 }
 
 // A value no kernel produces from the test inputs, written into padding to catch stray writes.
