@@ -655,9 +655,9 @@ Machine machine() {
         std::memcpy(v + 8, &c, 4);
         m.vendor = v;
     }
-    if (__get_cpuid(1, &a, &b, &c, &d)) {  // the display family and model, as Linux (and lscpu) compose them
-        const int family = static_cast<int>((a >> 8) & 0xf), model = static_cast<int>((a >> 4) & 0xf);
-        m.family = family == 0xf ? family + static_cast<int>((a >> 20) & 0xff) : family;
+    m.family = m.caches.family;  // the display family (base + extended from 15 on)
+    if (__get_cpuid(1, &a, &b, &c, &d)) {  // the display model, as Linux (and lscpu) compose it
+        const int model = static_cast<int>((a >> 4) & 0xf);
         m.model = m.family >= 6 ? model | static_cast<int>((a >> 12) & 0xf0) : model;
     }
     return m;
