@@ -84,6 +84,13 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // full search (1 thread, the GEMM candidates scored on the attention at L1024 too): 14x32 KC
     // 656 0.981-0.988x, KC 128-432 0.938-0.980x; 6x64 KC 768 0.977-0.986x, KC 80-216 0.902-0.957x;
     // 8x48 KC 768 0.969-0.980x, KC 104-272 0.911-0.964x: the defaults best of 96.
+    // A newer Xeon (2026-11-26 evening; cpuid family 6 model 207, Emerald Rapids as the guest
+    // reports it; 48 KiB L1d, 2 MiB L2, 260 MiB L3, FMA probe 178-179 GFLOP/s), mha-tune's full
+    // search: 1 thread, the defaults best of 96 (14x32 KC 128-656 0.956-0.993x, its best KC 656 NC
+    // 384-576; 6x64 0.921-0.986x; 8x48 0.931-0.977x); 2 threads, 14x32 KC 656 NC 384-576
+    // 1.000-1.007x, 6x64 KC 768 0.996-1.002x, the rest 0.849-0.99x: under the tuner's 2% bar, the
+    // defaults kept. In mha-bench there (1 thread, against dnnl_sgemm): 1024^3 1.01-1.02x at 91-92%
+    // of the probe, 2048^3 1.00x (90%), 4096x1536x512 NT 1.02x, 512x512x64 NT 0.96x.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
@@ -128,6 +135,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // mha-tune searches this key (its rows phase). On the Xeon, 2026-11-26, full search, 1 thread,
     // against 2 (1x2000x2000, 2x3000x768, 4x1500x1000, 3x2000x2000, 6x2000x1000 NN): 0 0.989x
     // (1x2000x2000 0.921x), 1 1.004x, 3 0.978x, 4 0.948x (4x1500x1000 0.864x), 6 0.921x: 2 stays.
+    // The newer Xeon (model 207, 2026-11-26 evening), full search, 1 / 2 threads: 0 0.993x /
+    // 0.989x, 1 1.014x / 1.012x, 3 0.963x / 0.939x, 4 0.936x / 0.913x, 6 0.895x / 0.791x: 2 stays.
     t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
@@ -162,6 +171,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // BK 512 1.013-1.018x for BQ 28-224 (under mha-tune's 2% bar, and decode's case above stands),
     // BK 256 with BQ 28-224 0.99-1.00x, BK 128 0.94-0.95x, BK 64 0.87-0.88x. Again at 14:41 that
     // day: BK 512 1.004-1.027x, BK 256 0.992-1.008x, BK 128 0.940-0.972x, BK 64 0.873-0.904x.
+    // The newer Xeon (model 207, 2026-11-26 evening), full search, 1 / 2 threads, BQ 28-224: BK 512
+    // 1.025-1.038x / 1.017-1.046x, BK 256 0.992-1.004x / 0.997-1.015x, BK 128 0.945-0.964x /
+    // 0.949-0.964x, BK 64 0.874-0.892x / 0.872-0.882x. BK 512 is the tuner's pick there (L1024-2048
+    // prefill only); the default stays 256 for decode's sake, as above.
     // A sequence's last block under BQ / 2 rows shares the last two blocks evenly (Shape::block_start:
     // L128 as 64 + 64, not 112 + 16): Xeon, 1 thread, H8 D64, L128 +2.7-2.9%, causal +5.7%.
     t.attn_block_q = 8 * uk.mr;
@@ -210,6 +223,15 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 160^3 0.767x, L48 0.852x), 4 MFLOP 0.994x, 16 MFLOP 0.955x (L96 0.733x), 32 MFLOP 0.924x
     // (256^3 0.774x); quick search, against 256K elements (softmax x128): 128K 1.001x, 512K 0.734x
     // (4096 rows, 512K elements, left on one thread: 0.538x). Both stay.
+    // The newer Xeon (model 207, 2026-11-26 evening), 2 threads, full search: 2 MFLOP 0.895x (128^3
+    // 0.695x, L48 0.824x), 4 MFLOP 1.004x, 16 MFLOP 0.955x (L96 0.739x), 32 MFLOP 0.917x (256^3
+    // 0.742x): 8 stays. Elements: 64K 0.969x (1024x128 0.810x), 128K 1.041x (2048x128 1.216x), 512K
+    // 0.927x, 1M 0.840x. A driver timing softmax x128 on 1 thread against 2 forced (shuffled, each
+    // call after 300 us of other work): 256 rows 0.53x, 512 0.68x, 1024 (128K elements) 0.99x,
+    // 2048 (256K) 1.21x, 4096 1.45x; back to back 1.55x from 1024 rows. So this host wakes a
+    // worker for less than the other Xeon's (256K elements 0.92x there): the break-even follows the
+    // hypervisor more than the core. 256K a thread stays; mha-tune --threads 2 finds 128K on such
+    // a host and writes it.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
