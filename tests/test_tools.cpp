@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -128,10 +129,32 @@ TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with t
     }
 }
 
+namespace {
+
+// One `mha-bench --quick --json --threads 1` run (half of this test's time), parsed: the cases
+// below read their suites' rows from it.
+const nlohmann::json &quick_run() {
+    static const nlohmann::json j = [] {
+        const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1", false);
+        REQUIRE(r.code == 0);
+        return nlohmann::json::parse(r.output);
+    }();
+    return j;
+}
+
+// The rows of one suite of the quick run (there must be some).
+std::vector<nlohmann::json> quick_rows(const std::string &suite) {
+    std::vector<nlohmann::json> rows;
+    for (const auto &row : quick_run()["results"])
+        if (row["suite"] == suite) rows.push_back(row);
+    REQUIRE(!rows.empty());
+    return rows;
+}
+
+} // namespace
+
 TEST_CASE("mha-bench --quick --json prints one object with every suite") {
-    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1", false);
-    REQUIRE(r.code == 0);
-    const auto j = nlohmann::json::parse(r.output);
+    const auto &j = quick_run();
     CHECK(j["peak_gflops"].get<double>() > 0);
     CHECK(j["bandwidth_gbs"].get<double>() > 0);
     std::set<std::string> suites;
@@ -174,14 +197,10 @@ TEST_CASE("mha-bench --quick --json prints one object with every suite") {
     CHECK(suites == std::set<std::string>{"gemm", "softmax", "attention", "decode", "layer", "serving", "encoder"});
 }
 
-TEST_CASE("mha-bench --filter serving --quick --json: ragged prefill, cached decode and a continuous batch") {
-    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1 --filter serving", false);
-    REQUIRE(r.code == 0);
-    const auto j = nlohmann::json::parse(r.output);
+TEST_CASE("mha-bench --quick --json, serving: ragged prefill, cached decode and a continuous batch") {
     std::map<std::string, nlohmann::json> by_name;
-    for (const auto &row : j["results"]) {
+    for (const auto &row : quick_rows("serving")) {
         CAPTURE(row.dump());
-        CHECK(row["suite"] == "serving");
         CHECK(row["threads"] == 1);
         CHECK(row["ms"].get<double>() > 0);
         REQUIRE(row["peak_fraction"].is_number());
@@ -231,14 +250,10 @@ TEST_CASE("mha-bench --filter serving --quick --json: ragged prefill, cached dec
     CHECK(cont["same_bits"]["dense"] == true);
 }
 
-TEST_CASE("mha-bench --filter encoder --quick --json: the encoder layer beside PyTorch and oneDNN, and the Add & Norm's share") {
-    const auto r = run_tool("MHA_BENCH", "--quick --json --threads 1 --filter encoder", false);
-    REQUIRE(r.code == 0);
-    const auto j = nlohmann::json::parse(r.output);
+TEST_CASE("mha-bench --quick --json, encoder: the encoder layer beside PyTorch and oneDNN, and the Add & Norm's share") {
     std::map<std::string, nlohmann::json> by_name;
-    for (const auto &row : j["results"]) {
+    for (const auto &row : quick_rows("encoder")) {
         CAPTURE(row.dump());
-        CHECK(row["suite"] == "encoder");
         CHECK(row["threads"] == 1);
         CHECK(row["ms"].get<double>() > 0);
         CHECK(row["gflops"].get<double>() > 0);
