@@ -1,5 +1,5 @@
 // Loads and stores of the first n < vector-width lanes, for row tails: xsimd 8.1 has no masked
-// memory operations, so each ISA gets a small helper. Lanes past n are never read or written.
+// memory operations (nor a lane mask as bits), so each ISA gets a small helper. Lanes past n are never read or written.
 // Include only from an ISA's translation unit.
 #pragma once
 
@@ -25,6 +25,8 @@ struct Partial<xsimd::avx512f> {
         return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), mask(n), p);
     }
     static void store(float *p, int64_t n, const V &v) { _mm512_mask_storeu_ps(p, mask(n), v); }
+    // Bit i: lane i of b.
+    static unsigned bits(const xsimd::batch_bool<float, xsimd::avx512f> &b) { return static_cast<__mmask16>(b); }
 };
 #endif
 
@@ -40,6 +42,10 @@ struct Partial<xsimd::fma3<xsimd::avx2>> {
         return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
     }
     static void store(float *p, int64_t n, const V &v) { _mm256_maskstore_ps(p, mask(n), v); }
+    // Bit i: lane i of b.
+    static unsigned bits(const xsimd::batch_bool<float, xsimd::fma3<xsimd::avx2>> &b) {
+        return static_cast<unsigned>(_mm256_movemask_ps(static_cast<__m256>(b)));
+    }
 };
 #endif
 

@@ -55,6 +55,24 @@ struct RowKernels {
         return reduce_max(xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3)));
     }
 
+    // x[0:n] reduced to one vector whose lanes' largest is the largest of the row's numbers (all
+    // lanes -inf for a row of only -inf and NaN, or n == 0). NaN never gets in: each max takes
+    // the running vector as its second operand, which x86's max returns when either is NaN, so
+    // the result does not depend on where in the row a NaN sits.
+    static V row_max_lanes(const float *x, int64_t n) {
+        V m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
+        int64_t i = 0;
+        for (; i + 4 * W <= n; i += 4 * W) {
+            m0 = xsimd::max(m0, V::load_unaligned(x + i));
+            m1 = xsimd::max(m1, V::load_unaligned(x + i + W));
+            m2 = xsimd::max(m2, V::load_unaligned(x + i + 2 * W));
+            m3 = xsimd::max(m3, V::load_unaligned(x + i + 3 * W));
+        }
+        for (; i + W <= n; i += W) m0 = xsimd::max(m0, V::load_unaligned(x + i));
+        if (i < n) m1 = xsimd::max(P::load(x + i, n - i, kNegInf), m1);
+        return xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3));
+    }
+
     static bool has_nan(const float *x, int64_t n) {
         for (int64_t i = 0; i < n; ++i)
             if (std::isnan(x[i])) return true;
@@ -107,12 +125,16 @@ struct RowKernels {
     // adds up (hadd_rows does that for many rows at once, in the same order).
     static V exp_store_partial(const float *x, int64_t n, float max, float *y) {
         if constexpr (kBase2)
-            if (in_base2(max)) {
-                const V vl(kLog2e), vm(-base2(max));
-                return exp_store_loop(x, n, y, [&](const V &v) { return vexp2_nonpositive<Arch>(simd::fmadd(v, vl, vm)); });
-            }
+            if (in_base2(max)) return exp_store_base2(x, n, -base2(max), y);
         const V vm(max);  // AVX2, or a huge max (see kBase2Limit): exp(x - max) as such
         return exp_store_loop(x, n, y, [&](const V &v) { return vexp_nonpositive<Arch>(v - vm); });
+    }
+
+    // exp_store_partial of a row with in_base2(max), given neg_ref = -base2(max) (AVX-512 only).
+    static V exp_store_base2(const float *x, int64_t n, float neg_ref, float *y) {
+        static_assert(kBase2, "base 2 is AVX-512's");
+        const V vl(kLog2e), vm(neg_ref);
+        return exp_store_loop(x, n, y, [&](const V &v) { return vexp2_nonpositive<Arch>(simd::fmadd(v, vl, vm)); });
     }
 
     // exp_store_partial's loop, for either exp.
@@ -154,38 +176,57 @@ struct RowKernels {
         return (s[0] + s[1]) + (s[2] + s[3]);
     }
 
-    // out[r] = xsimd::hadd(v[r]) for r < n <= W, bit for bit: on AVX-512 sixteen rows at a time
-    // through the same pairings and operand order (the upper half onto the lower, then lanes i and
-    // i + 4, then neighbours and the last two with the odd lane first, as haddps adds them), each
-    // step adding two rows' lanes in one vector instead of one row's in a chain of dependent
-    // shuffles (the per-row reductions were a sixth of the fold's samples at L512 D64). The order
-    // shows in the bits only through NaN: x86 returns the first operand's NaN. v[n..W) are not read.
-    static void hadd_rows(const V *v, int64_t n, float *out) {
+    // Lane r of the result: xsimd::hadd(v[r]) for r < n <= W, bit for bit (lanes past n: 0). On
+    // AVX-512 sixteen rows at a time through the same pairings and operand order (the upper half
+    // onto the lower, then lanes i and i + 4, then neighbours and the last two with the odd lane
+    // first, as haddps adds them), each step adding two rows' lanes in one vector instead of one
+    // row's in a chain of dependent shuffles (the per-row reductions were a sixth of the fold's
+    // samples at L512 D64). The order shows in the bits only through NaN: x86 returns the first
+    // operand's NaN. v[n..W) are not read.
+    static V hadd_rows(const V *v, int64_t n) {
 #if defined(__AVX512F__)
-        if constexpr (std::is_same_v<Arch, xsimd::avx512f>) {
-            __m512 r[16];
-            for (int i = 0; i < 16; ++i) r[i] = i < n ? static_cast<__m512>(v[i]) : _mm512_setzero_ps();
-            __m512 a[8], b[4], c[2];
-            for (int k = 0; k < 8; ++k)  // y_i = x_{8+i} + x_i: rows 2k (lanes 0-7), 2k+1 (8-15)
-                a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)),
-                                     _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)));
-            for (int k = 0; k < 4; ++k)  // t_i = y_i + y_{i+4}: quarter q = row 4k + q
-                b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-            for (int k = 0; k < 2; ++k)  // c_j = t_2j+1 + t_2j: quarter q = rows 8k + q, 8k + 4 + q
-                c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)),
-                                     _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)));
-            // c_1 + c_0: lane 4q + p is row 4p + q
-            const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)),
-                                             _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)));
-            alignas(64) float lanes[16];
-            _mm512_store_ps(lanes, sum);
-            for (int64_t i = 0; i < n; ++i) out[i] = lanes[(i % 4) * 4 + i / 4];
-            return;
-        }
+        if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
+            return reduce_rows(v, n, 0.0f, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 #endif
+        alignas(64) float out[W] = {};
         for (int64_t i = 0; i < n; ++i) out[i] = xsimd::hadd(v[i]);
+        return V::load_aligned(out);
     }
+
+    // Lane r of the result: the largest lane of v[r] for r < n <= W (v without NaN, as
+    // row_max_lanes gives them; lanes past n: -inf).
+    static V max_rows(const V *v, int64_t n) {
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
+            return reduce_rows(v, n, kNegInf, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+#endif
+        alignas(64) float out[W];
+        for (int64_t i = 0; i < W; ++i) out[i] = i < n ? reduce_max(v[i]) : kNegInf;
+        return V::load_aligned(out);
+    }
+
+#if defined(__AVX512F__)
+    // hadd_rows' reduction network with the operation op (rows past n count as `pad`).
+    template <class Op>
+    static V reduce_rows(const V *v, int64_t n, float pad, const Op &op) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = i < n ? static_cast<__m512>(v[i]) : _mm512_set1_ps(pad);
+        __m512 a[8], b[4], c[2];
+        for (int k = 0; k < 8; ++k)  // y_i = x_{8+i} + x_i: rows 2k (lanes 0-7), 2k+1 (8-15)
+            a[k] = op(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)),
+                      _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)));
+        for (int k = 0; k < 4; ++k)  // t_i = y_i + y_{i+4}: quarter q = row 4k + q
+            b[k] = op(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        for (int k = 0; k < 2; ++k)  // c_j = t_2j+1 + t_2j: quarter q = rows 8k + q, 8k + 4 + q
+            c[k] = op(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                      _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+        // c_1 + c_0: lane 4q + p is row 4p + q, which the permutation puts in lane 4p + q
+        const __m512 sum = op(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)),
+                              _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)));
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sum);
+    }
+#endif
 
     // y[0:n] = x[0:n] * s; x == y is allowed.
     static void scale_to(const float *x, int64_t n, float s, float *y) {
@@ -228,59 +269,88 @@ struct RowKernels {
     // The online softmax step (Milakov & Gimelshein 2018, as used by FlashAttention): folds a
     // block of scores into the running max m and sum l of each row, turns the block into
     // P = exp(s - m_new) in place, and rescales the row's accumulated output by exp(m_old - m_new),
-    // both in base 2 (see the top): the rescale is 2^(base2(m_old) - base2(m_new)), W rows at a
-    // time from one vexp2.
+    // both in base 2 (see the top): the rescale is 2^(base2(m_old) - base2(m_new)).
+    // W rows at a time, their maxima, factors and sums in one vector each: the row-by-row scalar
+    // bookkeeping was about a third of the fold at 128 keys a row (Xeon, 13 x 128: 400 -> 350 ns).
+    // A row's NaN never becomes its max (row_max_lanes): P is NaN there, so the sum, l and the
+    // row's output are NaN all the same, and a row of only -inf and NaN gets m = NaN.
     static void online_fold(int64_t rows, int64_t cols, float *s, int64_t lds, float *m, float *l, float *acc,
                             int64_t ldacc, int64_t acc_cols) {
+        const V neg_inf(kNegInf);
         for (int64_t r0 = 0; r0 < rows; r0 += W) {
             const int64_t nr = rows - r0 < W ? rows - r0 : W;
-            alignas(64) float m_new[W], alpha[W] = {};
-            bool both_base2 = true;
-            for (int64_t i = 0; i < nr; ++i) {
-                const int64_t r = r0 + i;
-                float *sr = s + r * lds;
-                float bm = row_max(sr, cols);
-                if (bm == kNegInf && has_nan(sr, cols)) bm = std::numeric_limits<float>::quiet_NaN();
-                m_new[i] = std::isnan(bm) || std::isnan(m[r]) ? bm + m[r] : (bm > m[r] ? bm : m[r]);
-                // Nothing visible yet (m_new = -inf): P = 0 and the state stays empty.
-                if constexpr (kBase2) {
-                    alpha[i] = m_new[i] == kNegInf ? 0.0f : base2(m[r]) - base2(m_new[i]);
-                    both_base2 = both_base2 && in_base2(m_new[i]) && (in_base2(m[r]) || m[r] == kNegInf);
-                } else {
-                    alpha[i] = m_new[i] == kNegInf ? 0.0f : m[r] - m_new[i];
-                }
+            const unsigned live = (1u << nr) - 1u;
+            V vb;
+            {
+                V lanes[W];
+                for (int64_t i = 0; i < nr; ++i) lanes[i] = row_max_lanes(s + (r0 + i) * lds, cols);
+                vb = max_rows(lanes, nr);
             }
-            // 0 where m was -inf
+            if (const unsigned empty = P::bits(vb == neg_inf) & live) {  // only -inf and NaN: NaN if it has one
+                alignas(64) float bm[W];
+                vb.store_aligned(bm);
+                for (int64_t i = 0; i < nr; ++i)
+                    if ((empty >> i & 1) && has_nan(s + (r0 + i) * lds, cols)) bm[i] = std::numeric_limits<float>::quiet_NaN();
+                vb = V::load_aligned(bm);
+            }
+            const V mo = P::load(m + r0, nr, kNegInf);
+            const V mn = xsimd::select(xsimd::isnan(vb) || xsimd::isnan(mo), vb + mo, xsimd::select(vb > mo, vb, mo));
+            // Nothing visible yet (m_new = -inf): P = 0, the state stays.
+            const auto seen = !(mn == neg_inf);  // (xsimd's != is false for NaN)
+            const unsigned seen_bits = P::bits(seen) & live;
+            alignas(64) float m_new[W], alpha[W], neg_ref[W];
+            unsigned ref2 = 0;  // the rows whose exps are 2^(x log2e - base2(m_new)), as in exp_store_partial
+            V a;
             if constexpr (kBase2) {
-                vexp2_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);
-                if (!both_base2)  // rows with a huge max (rare): the factors one by one
+                const V b_new = base2(mn), lim(kBase2Limit);
+                a = vexp2_nonpositive<Arch>(xsimd::select(seen, base2(mo) - b_new, V(0.0f)));  // 0 where m was -inf
+                ref2 = P::bits(xsimd::abs(mn) < lim);  // in_base2, lane by lane
+                if ((ref2 & P::bits(xsimd::abs(mo) < lim || mo == neg_inf) & live) != live) {
+                    // rows with a huge max (rare): the factors one by one
+                    a.store_aligned(alpha);
+                    mn.store_aligned(m_new);
                     for (int64_t i = 0; i < nr; ++i)
-                        if (m_new[i] != kNegInf) alpha[i] = rescale(m[r0 + i], m_new[i]);
+                        if (seen_bits >> i & 1) alpha[i] = rescale(m[r0 + i], m_new[i]);
+                    a = V::load_aligned(alpha);
+                }
+                (-b_new).store_aligned(neg_ref);
             } else {
-                vexp_nonpositive<Arch>(V::load_aligned(alpha)).store_aligned(alpha);
+                a = vexp_nonpositive<Arch>(xsimd::select(seen, mo - mn, V(0.0f)));
             }
+            mn.store_aligned(m_new);
+            a.store_aligned(alpha);
             V part[W];
-            alignas(64) float sum[W];
             for (int64_t i = 0; i < nr; ++i) {
                 float *sr = s + (r0 + i) * lds;
-                if (m_new[i] == kNegInf) {
+                if (!(seen_bits >> i & 1)) {
                     fill(sr, cols, 0.0f);
                     part[i] = V(0.0f);
-                } else {
-                    part[i] = exp_store_partial(sr, cols, m_new[i], sr);
+                    continue;
                 }
+                if constexpr (kBase2)
+                    if (ref2 >> i & 1) {  // exp_store_partial, its reference at hand
+                        part[i] = exp_store_base2(sr, cols, neg_ref[i], sr);
+                        continue;
+                    }
+                part[i] = exp_store_partial(sr, cols, m_new[i], sr);
             }
-            hadd_rows(part, nr, sum);
-            for (int64_t i = 0; i < nr; ++i) {
-                const int64_t r = r0 + i;
-                if (m_new[i] == kNegInf) continue;
-                l[r] = l[r] * alpha[i] + sum[i];
-                // Before any visible score (m = -inf) acc holds only +-0 or NaN (P was all zeros),
-                // which times alpha = 0 stay as they are: the pass would change no bit.
-                if (alpha[i] != 1.0f && m[r] != kNegInf) scale(acc + r * ldacc, acc_cols, alpha[i]);
-                m[r] = m_new[i];
+            const V lo = P::load(l + r0, nr, 0.0f);
+            P::store(l + r0, nr, xsimd::select(seen, simd::fmadd(lo, a, hadd_rows(part, nr)), lo));
+            P::store(m + r0, nr, xsimd::select(seen, mn, mo));
+            // Before any visible score (m = -inf) acc holds only +-0 or NaN (P was all zeros),
+            // which times alpha = 0 stay as they are: the pass would change no bit.
+            for (unsigned r = seen_bits & P::bits(!(a == V(1.0f)) && !(mo == neg_inf)); r; r &= r - 1) {
+                const int i = __builtin_ctz(r);
+                scale(acc + (r0 + i) * ldacc, acc_cols, alpha[i]);
             }
         }
+    }
+
+    // base2() lane by lane, each product rounded on its own (see base2).
+    static V base2(const V &max) {
+        auto r = static_cast<typename V::register_type>(max * V(kLog2e));
+        asm("" : "+x"(r));
+        return V(r);
     }
 
     // acc[r, :] /= l[r]; a row that never saw a visible score (l == 0) becomes zeros.
