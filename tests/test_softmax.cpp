@@ -3,7 +3,9 @@
 // and bad input.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -220,6 +222,76 @@ TEST_CASE("online softmax: folding in blocks of any size equals the one-shot sof
             for (int64_t c = 0; c < cols; ++c) CHECK(acc[static_cast<size_t>(2 * cols + c)] == 0.0f);
         }
     }
+}
+
+TEST_CASE("online softmax: each row's bits its own among any rows; -inf, NaN and huge rows") {
+    // Rows of six kinds, folded in blocks: 0 plain, 1 all -inf, 2 masked until its third block
+    // (its max starts at -inf), 3 huge (past kBase2Limit, where the factors leave base 2), 4 a NaN
+    // among numbers, 5 a NaN among -inf. The fold takes W rows at a time in vectors; any row but
+    // a NaN row must come out with the bits it gets when folded alone.
+    const int64_t cols = 37, block = 11;
+    enum Kind { plain, empty, late, huge, nan_in_numbers, nan_in_empty };
+    auto fold = [&](Runtime &rt, int64_t rows, const float *x, float *m, float *l, float *acc) {
+        std::fill(m, m + rows, -kInf);
+        std::fill(l, l + rows, 0.0f);
+        std::fill(acc, acc + rows * cols, 0.0f);
+        for (int64_t c0 = 0; c0 < cols; c0 += block) {
+            const int64_t w = std::min(block, cols - c0);
+            std::vector<float> s(static_cast<size_t>(rows * w));
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy(x + r * cols + c0, x + r * cols + c0 + w, s.begin() + r * w);
+            online_softmax_fold(rt, rows, w, s.data(), w, m, l, acc, cols, cols);
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < w; ++c) acc[r * cols + c0 + c] += s[static_cast<size_t>(r * w + c)];
+        }
+        online_softmax_finish(rt, rows, l, acc, cols, cols);
+    };
+    for (Isa isa : isas())
+        for (int64_t rows : {1, 7, 15, 16, 17, 33}) {
+            CAPTURE(std::string(isa_name(isa)));
+            CAPTURE(rows);
+            Runtime rt(RuntimeOptions{1, isa, {}, {}});
+            auto x = test::random_floats(static_cast<size_t>(rows * cols), 11 + static_cast<uint32_t>(rows), -30.0f, 30.0f);
+            std::vector<Kind> kind(static_cast<size_t>(rows));
+            for (int64_t r = 0; r < rows; ++r) {
+                float *row = x.data() + r * cols;
+                kind[static_cast<size_t>(r)] = static_cast<Kind>((r * 7 + rows) % 6);
+                switch (kind[static_cast<size_t>(r)]) {
+                case plain: break;
+                case empty: std::fill(row, row + cols, -kInf); break;
+                case late: std::fill(row, row + 2 * block, -kInf); break;
+                case huge: for (int64_t c = 0; c < cols; ++c) row[c] += 1049000.0f; break;
+                case nan_in_numbers: row[cols / 2] = kNaN; break;
+                case nan_in_empty: std::fill(row, row + cols, -kInf); row[3] = kNaN; break;
+                }
+            }
+            std::vector<float> m(static_cast<size_t>(rows)), l(m.size()), acc(x.size());
+            fold(rt, rows, x.data(), m.data(), l.data(), acc.data());
+            for (int64_t r = 0; r < rows; ++r) {
+                CAPTURE(r);
+                const Kind k = kind[static_cast<size_t>(r)];
+                const float *out = acc.data() + r * cols;
+                if (k == nan_in_numbers || k == nan_in_empty) {
+                    CHECK(std::isnan(l[static_cast<size_t>(r)]));
+                    CHECK(std::all_of(out, out + cols, [](float v) { return std::isnan(v); }));
+                    if (k == nan_in_empty) CHECK(std::isnan(m[static_cast<size_t>(r)]));
+                    continue;
+                }
+                float m1, l1;
+                std::vector<float> acc1(static_cast<size_t>(cols));
+                fold(rt, 1, x.data() + r * cols, &m1, &l1, acc1.data());
+                CHECK(std::memcmp(&m1, &m[static_cast<size_t>(r)], sizeof m1) == 0);
+                CHECK(std::memcmp(&l1, &l[static_cast<size_t>(r)], sizeof l1) == 0);
+                CHECK(std::memcmp(acc1.data(), out, sizeof(float) * static_cast<size_t>(cols)) == 0);
+                if (k == empty) {
+                    CHECK(m[static_cast<size_t>(r)] == -kInf);
+                    CHECK(l[static_cast<size_t>(r)] == 0.0f);
+                    CHECK(std::all_of(out, out + cols, [](float v) { return v == 0.0f; }));
+                } else {
+                    CHECK(check_rows(x.data() + r * cols, cols, out, cols, 1, cols, "row " + std::to_string(r)) == 0);
+                }
+            }
+        }
 }
 
 TEST_CASE("softmax: bad input gets a status and a message, and y is left untouched") {
