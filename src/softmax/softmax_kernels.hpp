@@ -41,24 +41,10 @@ struct RowKernels {
 
     // The largest of x[0:n] (-inf for n == 0). A NaN may or may not survive the reduction; the
     // callers catch NaN through the sum instead (see row()).
-    static float row_max(const float *x, int64_t n) {
-        V m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
-        int64_t i = 0;
-        for (; i + 4 * W <= n; i += 4 * W) {
-            m0 = xsimd::max(m0, V::load_unaligned(x + i));
-            m1 = xsimd::max(m1, V::load_unaligned(x + i + W));
-            m2 = xsimd::max(m2, V::load_unaligned(x + i + 2 * W));
-            m3 = xsimd::max(m3, V::load_unaligned(x + i + 3 * W));
-        }
-        for (; i + W <= n; i += W) m0 = xsimd::max(m0, V::load_unaligned(x + i));
-        if (i < n) m1 = xsimd::max(m1, P::load(x + i, n - i, kNegInf));
-        return reduce_max(xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3)));
-    }
+    static float row_max(const float *x, int64_t n) { return reduce_max(row_max_lanes(x, n)); }
 
-    // x[0:n] reduced to one vector whose lanes' largest is the largest of the row's numbers (all
-    // lanes -inf for a row of only -inf and NaN, or n == 0). NaN never gets in: each max takes
-    // the running vector as its second operand, which x86's max returns when either is NaN, so
-    // the result does not depend on where in the row a NaN sits.
+    // row_max before its horizontal step: a vector whose lanes' largest is the row's (all -inf
+    // for n == 0). Each load is the second operand of its max, so it folds into the instruction.
     static V row_max_lanes(const float *x, int64_t n) {
         V m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
         int64_t i = 0;
@@ -69,7 +55,7 @@ struct RowKernels {
             m3 = xsimd::max(m3, V::load_unaligned(x + i + 3 * W));
         }
         for (; i + W <= n; i += W) m0 = xsimd::max(m0, V::load_unaligned(x + i));
-        if (i < n) m1 = xsimd::max(P::load(x + i, n - i, kNegInf), m1);
+        if (i < n) m1 = xsimd::max(m1, P::load(x + i, n - i, kNegInf));
         return xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3));
     }
 
@@ -193,8 +179,8 @@ struct RowKernels {
         return V::load_aligned(out);
     }
 
-    // Lane r of the result: the largest lane of v[r] for r < n <= W (v without NaN, as
-    // row_max_lanes gives them; lanes past n: -inf).
+    // Lane r of the result: the largest lane of v[r] for r < n <= W (lanes past n: -inf). A NaN
+    // lane may or may not survive, as in row_max.
     static V max_rows(const V *v, int64_t n) {
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
@@ -272,9 +258,9 @@ struct RowKernels {
     // both in base 2 (see the top): the rescale is 2^(base2(m_old) - base2(m_new)).
     // W rows at a time, their maxima, factors and sums in one vector each: the row-by-row scalar
     // bookkeeping was a quarter of the fold at 128 keys a row (Xeon, 13 x 128: 407 -> 302 ns).
-    // Every row's bits are its own, whatever the other rows of the block hold. A row's NaN never
-    // becomes its max (row_max_lanes): P is NaN there, so the sum, l and the row's output are NaN
-    // all the same; a row of only -inf and NaN gets m = NaN.
+    // Every row's bits are its own, whatever the other rows of the block hold (a row with a NaN
+    // comes out NaN, its max a NaN or a number: row_max's NaN may or may not survive, and a row of
+    // only -inf and NaN gets m = NaN).
     static void online_fold(int64_t rows, int64_t cols, float *s, int64_t lds, float *m, float *l, float *acc,
                             int64_t ldacc, int64_t acc_cols) {
         const V neg_inf(kNegInf);
