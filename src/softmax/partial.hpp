@@ -1,5 +1,6 @@
-// Loads and stores of the first n < vector-width lanes, for row tails: xsimd 8.1 has no masked
-// memory operations (nor a lane mask as bits), so each ISA gets a small helper. Lanes past n are never read or written.
+// Loads and stores of the first n < vector-width lanes, for row tails, and a lane mask as bits:
+// xsimd 8.1 has neither masked memory operations nor the mask, so each ISA gets a small helper.
+// Lanes past n are never read or written.
 // Include only from an ISA's translation unit.
 #pragma once
 
