@@ -169,10 +169,16 @@ struct RowKernels {
     // row's in a chain of dependent shuffles (the per-row reductions were a sixth of the fold's
     // samples at L512 D64). The order shows in the bits only through NaN: x86 returns the first
     // operand's NaN. v[n..W) are not read.
+    // AVX2 eight rows at a time the same way, in xsimd's order for AVX (lanes i and i + 4, then
+    // neighbours, then the two pairs, each the first operand of its haddps).
     static V hadd_rows(const V *v, int64_t n) {
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
             return reduce_rows(v, n, 0.0f, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+#endif
+#if defined(__AVX2__)
+        if constexpr (std::is_same_v<Arch, xsimd::fma3<xsimd::avx2>>)
+            return reduce_rows8(v, n, 0.0f, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
 #endif
         alignas(64) float out[W] = {};
         for (int64_t i = 0; i < n; ++i) out[i] = xsimd::hadd(v[i]);
@@ -186,10 +192,33 @@ struct RowKernels {
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
             return reduce_rows(v, n, kNegInf, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
 #endif
+#if defined(__AVX2__)
+        if constexpr (std::is_same_v<Arch, xsimd::fma3<xsimd::avx2>>)
+            return reduce_rows8(v, n, kNegInf, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
+#endif
         alignas(64) float out[W];
         for (int64_t i = 0; i < W; ++i) out[i] = i < n ? reduce_max(v[i]) : kNegInf;
         return V::load_aligned(out);
     }
+
+#if defined(__AVX2__)
+    // hadd_rows' network for eight rows of AVX2 vectors (rows past n count as `pad`).
+    template <class Op>
+    static V reduce_rows8(const V *v, int64_t n, float pad, const Op &op) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = i < n ? static_cast<__m256>(v[i]) : _mm256_set1_ps(pad);
+        __m256 a[4], b[2];
+        for (int k = 0; k < 4; ++k)  // y_i = x_i + x_{i+4}: rows 2k (lanes 0-3), 2k+1 (4-7)
+            a[k] = op(_mm256_permute2f128_ps(r[2 * k], r[2 * k + 1], 0x20), _mm256_permute2f128_ps(r[2 * k], r[2 * k + 1], 0x31));
+        for (int k = 0; k < 2; ++k)  // y_0 + y_1, y_2 + y_3: rows 4k, 4k + 2 (low half), 4k + 1, 4k + 3
+            b[k] = op(_mm256_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm256_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        // the two pairs: lanes rows 0, 2, 4, 6, 1, 3, 5, 7, which the permutation puts in order
+        const __m256 sum = op(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        return _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
+#endif
 
 #if defined(__AVX512F__)
     // hadd_rows' reduction network with the operation op (rows past n count as `pad`).
