@@ -175,14 +175,9 @@ struct RowKernels {
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
             return reduce_rows(v, n, 0.0f, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+        else
 #endif
-#if defined(__AVX2__)
-        if constexpr (std::is_same_v<Arch, xsimd::fma3<xsimd::avx2>>)
             return reduce_rows8(v, n, 0.0f, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
-#endif
-        alignas(64) float out[W] = {};
-        for (int64_t i = 0; i < n; ++i) out[i] = xsimd::hadd(v[i]);
-        return V::load_aligned(out);
     }
 
     // Lane r of the result: the largest lane of v[r] for r < n <= W (lanes past n: -inf). A NaN
@@ -191,17 +186,11 @@ struct RowKernels {
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<Arch, xsimd::avx512f>)
             return reduce_rows(v, n, kNegInf, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+        else
 #endif
-#if defined(__AVX2__)
-        if constexpr (std::is_same_v<Arch, xsimd::fma3<xsimd::avx2>>)
             return reduce_rows8(v, n, kNegInf, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
-#endif
-        alignas(64) float out[W];
-        for (int64_t i = 0; i < W; ++i) out[i] = i < n ? reduce_max(v[i]) : kNegInf;
-        return V::load_aligned(out);
     }
 
-#if defined(__AVX2__)
     // hadd_rows' network for eight rows of AVX2 vectors (rows past n count as `pad`).
     template <class Op>
     static V reduce_rows8(const V *v, int64_t n, float pad, const Op &op) {
@@ -218,7 +207,6 @@ struct RowKernels {
                               _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
         return _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     }
-#endif
 
 #if defined(__AVX512F__)
     // hadd_rows' reduction network with the operation op (rows past n count as `pad`).
@@ -315,17 +303,17 @@ struct RowKernels {
             const auto seen = !(mn == neg_inf);  // (xsimd's != is false for NaN)
             const unsigned seen_bits = P::bits(seen) & live;
             alignas(64) float m_new[W], alpha[W], neg_ref[W];
+            mn.store_aligned(m_new);
             unsigned ref2 = 0;  // the rows whose exps are 2^(x log2e - base2(m_new)), as in exp_store_partial
             V a;
             if constexpr (kBase2) {
                 const V b_new = base2(mn), lim(kBase2Limit);
                 a = vexp2_nonpositive<Arch>(xsimd::select(seen, base2(mo) - b_new, V(0.0f)));  // 0 where m was -inf
+                a.store_aligned(alpha);
                 ref2 = P::bits(xsimd::abs(mn) < lim);  // in_base2, lane by lane
                 // Rows with a huge max (rare) take their factors one by one, and only they: a
                 // row's bits never depend on the other rows of its block.
                 if (unsigned huge = seen_bits & ~(ref2 & P::bits(xsimd::abs(mo) < lim || mo == neg_inf))) {
-                    a.store_aligned(alpha);
-                    mn.store_aligned(m_new);
                     for (; huge; huge &= huge - 1) {
                         const int i = __builtin_ctz(huge);
                         alpha[i] = rescale(m[r0 + i], m_new[i]);
@@ -335,9 +323,8 @@ struct RowKernels {
                 (-b_new).store_aligned(neg_ref);
             } else {
                 a = vexp_nonpositive<Arch>(xsimd::select(seen, mo - mn, V(0.0f)));
+                a.store_aligned(alpha);
             }
-            mn.store_aligned(m_new);
-            a.store_aligned(alpha);
             V part[W];
             for (int64_t i = 0; i < nr; ++i) {
                 float *sr = s + (r0 + i) * lds;
