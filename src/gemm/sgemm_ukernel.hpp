@@ -76,11 +76,11 @@ __attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t 
     // rather than all before the loop, where its 28 requests queued ahead of the first B rows'.
     // Xeon (model 207), 1 thread, in one process against the requests all first, the same bits:
     // 512x512x64 NT +0.5-2.4% (median 1.4%; 0.955x -> 0.97x dnnl_sgemm), 4096x1536x512 NT
-    // +1.7%, 2048x2048x64 NT -1% to +4%, 1024^3 level (0.995-1.016x), attention L128/L512 level
-    // (0.99-1.01x). The same
-    // requests spread over the last MR steps instead: 512x512x64 (C in L2) 0.99-1.06x (median
-    // 1.01x) the first steps, but 2048x2048x64 and 4096x1536x512 (C from L3 or memory) 5-6%
-    // slower; over steps 24 or 6 before those, or both (into L2 first, then L1): level or noise.
+    // +1.7%, 2048x2048x64 NT -1% to +4%, 1024^3 level (0.98-1.02x), attention L128/L512 level
+    // (0.99-1.01x). The same requests over the last MR steps instead: 512x512x64 (C in L2)
+    // 0.99-1.06x (median 1.01x) the first steps, but 2048x2048x64 and 4096x1536x512 (C from L3 or
+    // memory) 5-6% slower; over steps 24 or 6 before those, or both (into L2 first, then L1):
+    // level or noise.
     const bool spread_c = !RowScale && W == 16 && k >= MR;
     if (!RowScale && !spread_c)
 #pragma GCC unroll 32
