@@ -658,13 +658,14 @@ TEST_CASE("a strip of few rows against a B past L2, at any stride: the chain's b
 }
 
 TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of depth across the block, with the other paths' bits") {
-    // Two to four strips against such B (gemm::chunked_rows) read it in place 32 rows of depth at
+    // Two to four strips against such B (gemm::chunked_rows) read it in place 64 rows of depth at
     // a time across the block, every strip per chunk, the first copying the chunk for the others
     // and the sums kept between chunks (sgemm_sup_chunked). The same B at another stride takes the
     // tiles one by one, and the packed path (more rows, or two threads past their limit) has the
     // same bits: every element must match them, and the reference's values, across chunks (k
     // below, at and past the chunk depth, and past a KC block), the packed edge panel, alpha and
-    // beta, on one thread and on two.
+    // beta, on one thread and on two. Depths: 31 (not chunked), 33 and 64 (one chunk), 65 (one
+    // step past it), 97 and 129 (a short last chunk), past a KC block.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
@@ -680,7 +681,7 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
         // (at 97 rows deep under the block: tile by tile, or chunks at 16 rows and below).
         for (Runtime *rt : {&rt1, &rt2, &rt_narrow})
             for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}, int64_t{1029}})
-                for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{97}, kc + 37}) {
+                for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{65}, int64_t{97}, int64_t{129}, kc + 37}) {
                     if (rt == &rt_narrow ? n == 1029 : n != 1029 || k < 97) continue;
                     const int64_t ldb = n > 1024 ? 2048 : 1024;
                     same_bits_at_another_stride(*rt, {MR + 1, 2 * MR, 2 * MR + 1, 3 * MR + 2, 4 * MR - 1}, n, k, ldb, 51,

@@ -296,7 +296,14 @@ void sgemm_sup_chunked(const SupArgs &s) {
                 const float *b = from == 0 ? s.b + p0 * s.rs_b + j : from == 1 ? s.b_copy : s.panel(j) + p0 * NR;
                 const int64_t rs_b = from == 0 ? s.rs_b : width;
                 const float *t = s.chain + i * s.ld_chain + j, *ap = s.a + i * s.rs_a + p0 * s.cs_a;
-                auto run = [&](float *out, int64_t ld, float alpha, float beta) {
+                // Inlined: as a function of its own (GCC's choice), each tile's call read this
+                // lambda's captures with 32-byte loads from the stack, where they had been stored 8
+                // bytes at a time: a store-forwarding stall, each waiting until every older store,
+                // the last tile's sums among them, had left for L1 (`perf`: 10-13% of a 32x1024x1024
+                // call at that one load). Xeon (model 207), 1 thread, NN, against the call, the
+                // same bits: 16x1024x1024 1.11x, 24x1024x1024 1.09x, 32x1024x1024 1.08-1.13x,
+                // 48x1024x1024 1.09x, 16x2048x2048 1.11x, 32x4096x1024 1.08x, 32x1024x4096 1.15x.
+                auto run = [&](float *out, int64_t ld, float alpha, float beta) __attribute__((always_inline)) {
                     if constexpr (NR == 32)
                         if (width != NR)  // the 48-column tile
                             return with_tile48_rows(mr, [&]<int R>() {
