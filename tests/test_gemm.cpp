@@ -658,14 +658,16 @@ TEST_CASE("a strip of few rows against a B past L2, at any stride: the chain's b
 }
 
 TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of depth across the block, with the other paths' bits") {
-    // Two to four strips against such B (gemm::chunked_rows) read it in place 64 rows of depth at
-    // a time across the block, every strip per chunk, the first copying the chunk for the others
+    // Two to four strips against such B (gemm::chunked_rows) read it in place 32 or 64 rows of depth
+    // at a time across the block, every strip per chunk, the first copying the chunk for the others
     // and the sums kept between chunks (sgemm_sup_chunked). The same B at another stride takes the
     // tiles one by one, and the packed path (more rows, or two threads past their limit) has the
     // same bits: every element must match them, and the reference's values, across chunks (k
     // below, at and past the chunk depth, and past a KC block), the packed edge panel, alpha and
-    // beta, on one thread and on two. Depths: 31 (not chunked), 33 and 64 (one chunk), 65 (one
-    // step past it), 97 and 129 (a short last chunk), past a KC block.
+    // beta, on one thread and on two. Depths: 31 (not chunked), 33, 64, 65, 97 and 129 (one to
+    // five chunks, the last one short), past a KC block. Chunks are 64 rows deep where the block
+    // spans all the columns (the narrow widths; 1029 columns at up to 29 rows), 32 elsewhere
+    // (1029 columns at 44 and 55 rows).
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);

@@ -230,17 +230,22 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // 16x1024x256, 1 MiB, 0.080 -> 0.059), except by two strips of 8 rows (16 rows on 14x32),
     // whose tiles each take a B line from L2 for 16 FMAs: 16x1024x200 0.069 -> 0.053 ms,
     // 16x2048x100 0.072 -> 0.059, 16x1024x64 0.022 -> 0.016 (dnnl_sgemm 0.037, 0.039, 0.012).
-    // Chunks of 64 rows, not 32: each chunk's tiles resume their sums from L2 and store them
-    // back, a fixed cost that 64 steps halve. Xeon (model 207), 1 thread, NN, in one process
-    // against 32 (both with sgemm_sup_chunked's tile call inlined), the same bits: 16x1024x48
-    // +17%, 16x1024x64 +5%, 16x1024x200 +9%, 20x1024x128 +1%, 24x1024x1024 +10%, 32x1024x1024
-    // +5%, 16x2048x2048 -1%; depths of 96 and 128 were 5-10% slower than 64 at 32x1024x1024; AVX2
-    // (6x16) 64 level with 32. Depths of 33-64 (one chunk) are still chunked, for the copy the
-    // other strips read.
-    constexpr int64_t chunk_depth = 64, chunk_min_depth = 32, chunk_bytes = 128 << 10;
+    // A chunk is 32 rows deep, or 64 where one block spans B's whole width. Each chunk's tiles
+    // resume their sums from L2 and store them back, a fixed cost that 64 steps halve; but where
+    // a block takes part of each row, 64 rows lost (why, not found). Xeon (model
+    // 207), 1 thread, NN, in one process, 64 against 32 (both with sgemm_sup_chunked's tile call
+    // inlined), the same bits, two runs: whole rows 16x1024x48 +17%, 16x1024x64 +14-16%,
+    // 16x1024x256 +8-9%, 32x1024x512 +4-9%, 24x1024x1024 +10%, 32x1024x1024 +2-5%; 16x1024x1024,
+    // 48x1024x1024 and 16x2048x2048 level (-3% to +4%); part of each row 32x2048x512 -2.5%,
+    // 24x2048x512 -2%, 32x2048x1024 -5%, 32x4096x1024 -6%, 32x4096x512 -28% (the same code read
+    // +-6% apart on this host). Depths of 96 and 128 were 5-10% slower than 64 at 32x1024x1024;
+    // AVX2 (6x16) level. Depths of 33-64 (one chunk) are still chunked, for the copy the other
+    // strips read.
+    constexpr int64_t chunk_min_depth = 32, chunk_bytes = 128 << 10;
     const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
                          kc_max > chunk_min_depth && (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
+    const int64_t chunk_depth = nc_blk >= n ? 2 * chunk_min_depth : chunk_min_depth;
     // The sums' buffer (rows ld_sums apart) and the depth of a chunk, of either kind.
     const int64_t ld_sums = chunked ? round_up(nc_blk, NR) : ld_chain, sums_depth = chunked ? chunk_depth : chain_depth;
     // A stored transposed (A^T row-major) has a strip's MR values of a depth step side by side and
