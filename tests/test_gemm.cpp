@@ -693,6 +693,15 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
                     check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
                     check_gemm(*rt, GemmCase{'T', 'N', 3 * MR + 2, n, k, 1.0f, 0.0f, 3, ldb - n, 2, false, 10});
                 }
+        // Four strips or more against such B under the packed block (in L2) pack each block of it
+        // (sgemm_sup): the bits of the tiles on B in place at the other stride, and the values.
+        for (Runtime *rt : {&rt1, &rt2})
+            for (int64_t n : {NR + 1, int64_t{300}})
+                for (int64_t k : {int64_t{20}, int64_t{64}, int64_t{97}}) {
+                    same_bits_at_another_stride(*rt, {3 * MR + 1, 4 * MR - 1, 6 * MR + 3, 8 * MR - 1}, n, k, 1024, 61,
+                                                rt == &rt2 ? "packed B, 2 threads" : "packed B, 1 thread");
+                    check_gemm(*rt, GemmCase{'N', 'N', 6 * MR + 3, n, k, 0.5f, 1.0f, 0, 1024 - n, 2, false, 11});
+                }
     }
 }
 

@@ -198,7 +198,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // maps a panel's lines onto few L1 sets (n = 128: 8 of 64), so when it is read many times the
     // packed copy pays. Zen 3, 1 thread: 2048x64x2048 63 GF/s packed vs 54 in place, 1024x128x1024
     // 72 vs 62; at 64x64x64 the in-place read stayed ahead (59 vs 55).
-    const bool b_direct = b.cs == 1 && m < 8 * MR;
+    const bool b_in_place = b.cs == 1 && m < 8 * MR;
     const int64_t n_ir = ceil_div(m, MR);
     // B's rows a multiple of 4 KiB apart put a tile's column of lines all in one set of L1 (64
     // sets of 64 bytes on every x86 core), so a strip of a few rows, which reads B in place once,
@@ -215,12 +215,10 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // (TileConfig::sup_chain_rows; see tile_config.cpp).
     constexpr int64_t chain_depth = 8, chain_bytes = 16 << 10;
     const bool any_stride = m <= t.sup_chain_rows && k * n >= 2 * t.kc * t.nc;
-    const bool chained = b_direct && m <= uk.chain_rows && kc_max > chain_depth && (b.rs % 1024 == 0 || any_stride);
+    const bool chained = b_in_place && m <= uk.chain_rows && kc_max > chain_depth && (b.rs % 1024 == 0 || any_stride);
     if (chained) nc_blk = std::clamp(chain_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t ld_chain = chained ? round_up(nc_blk, NR) : 0;
 
-    // B in place packs only the panel cut by the edge (bp then holds that one panel).
-    const int64_t bp_cols = b_direct ? NR : nc_blk;
     // A few strips against such B read it in place in chunks of rows across the block, every
     // strip per chunk (sgemm_sup_chunked), up to chunked_rows: the sums of all the strips' rows
     // wait between chunks in 128 KiB, one B copy of a chunk per work item. Only a B larger than
@@ -242,10 +240,20 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // AVX2 (6x16) level. Depths of 33-64 (one chunk) are still chunked, for the copy the other
     // strips read.
     constexpr int64_t chunk_min_depth = 32, chunk_bytes = 128 << 10;
-    const bool chunked = b_direct && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
+    const bool chunked = b_in_place && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
                          kc_max > chunk_min_depth && (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16));
     if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t chunk_depth = nc_blk >= n ? 2 * chunk_min_depth : chunk_min_depth;
+    // Four strips or more that take B tile by tile where its rows lie a multiple of 4 KiB apart
+    // (a B under the packed block, in L2 from call to call) pack each block of it first: in place,
+    // a tile's column of B lines falls on two sets of L1 and each strip reads it from L2 again.
+    // Xeon (model 207), 1 thread, NN, in one process, in place -> packed, the same bits, medians
+    // of 21 paired rounds: 48x1024x64 1.15x, 56x1024x256 1.05x, 80x1024x128 1.15x, 96x2048x128
+    // 1.13x; but three strips level (40x1024x256 1.01x) and two lost (24x1024x256 0.97x,
+    // 28x1024x128 0.91x).
+    const bool b_direct = b_in_place && !(b.rs % 1024 == 0 && !chained && !chunked && n_ir >= 4);
+    // B in place packs only the panel cut by the edge (bp then holds that one panel).
+    const int64_t bp_cols = b_direct ? NR : nc_blk;
     // The sums' buffer (rows ld_sums apart) and the depth of a chunk, of either kind.
     const int64_t ld_sums = chunked ? round_up(nc_blk, NR) : ld_chain, sums_depth = chunked ? chunk_depth : chain_depth;
     // A stored transposed (A^T row-major) has a strip's MR values of a depth step side by side and
