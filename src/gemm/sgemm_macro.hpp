@@ -247,6 +247,11 @@ void with_tile48_rows(int64_t mr, const F &f) {
 // One tile of sgemm_sup_chunked: R rows over kq depth steps, from zero (first) or resuming from
 // the sums in t; B in place and copied to b_copy (from = 0), the copy (1) or a packed panel (2).
 // NP = 3 (with NV = 1): 48 columns, three vectors b_panel floats apart, the copy rs_b = 48 wide.
+// The copying tile of one panel asks for B's rows 8 steps ahead (the microkernel's B prefetch),
+// which its L1 misses on rows 4 KiB apart otherwise wait for. Xeon (model 207), 1 thread, NN, in
+// one process, the same bits, medians of 15 paired rounds, twice: 32x1024x512 1.08-1.11x,
+// 32x1024x1024 1.04-1.07x, 24x1024x1024 1.10x, 32x4096x1024 1.07x, 48x1024x1024 and 32x2048x512
+// level. The 48-column tiles (two strips of 6 to 9 rows) lost by it: 16x1024x64 0.85x.
 template <class Arch, int R, int NV, int NP = 1>
 void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
                       int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *t, int64_t ld_t,
@@ -254,7 +259,7 @@ void sgemm_chunk_tile(bool first, int from, int64_t kq, const float *a, int64_t 
     constexpr Layout copy = NP == 1 ? Layout::packed : Layout::strided;
     auto run = [&]<bool Resume>() {
         if (from == 0)
-            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, NP, Resume, false, false, true>(
+            sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, NP, Resume, NP == 1, false, true>(
                 kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, nullptr, b_panel, t, ld_t, nullptr, nullptr, 0, b_copy);
         else
             sgemm_ukernel<Arch, R, NV, Layout::strided, copy, NP, Resume, false>(kq, a, rs_a, cs_a, b, rs_b, c, ldc, alpha,
