@@ -228,6 +228,14 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // 16x1024x256, 1 MiB, 0.080 -> 0.059), except by two strips of 8 rows (16 rows on 14x32),
     // whose tiles each take a B line from L2 for 16 FMAs: 16x1024x200 0.069 -> 0.053 ms,
     // 16x2048x100 0.072 -> 0.059, 16x1024x64 0.022 -> 0.016 (dnnl_sgemm 0.037, 0.039, 0.012).
+    // Once the tile call was inlined (sgemm_sup_chunked), a B in L2 whose depth takes one or two
+    // chunks gains by them too: the copy serves the other strips, and the sums go out and back
+    // once at most. Model-207 Xeon, 1 thread, NN, in one process, tile by tile -> chunked, the
+    // same bits, medians of 11-15 paired rounds on a calm host: 20x1024x64 1.25-1.33x, 24x1024x64
+    // 1.27x, 32x1024x64 1.16-1.18x, 40x1024x64 1.13x, 48x1024x64 1.14-1.15x (against B packed,
+    // below), 55x1024x64 1.09x; 20x1024x128 1.14x, 24x1024x128 1.15-1.20x, 32x1024x128 1.10x,
+    // 40x1024x128 0.97-1.05x, 48x1024x128 1.06x, 55x1024x128 1.01x. Deeper, level or lost (four
+    // chunks: 20-55 x 1024 x 256 0.98-1.04x, 20-55 x 2048 x 128 0.96-1.00x, 55x1024x200 0.95x).
     // A chunk is 32 rows deep, or 64 where one block spans B's whole width. Each chunk's tiles
     // resume their sums from L2 and store them back, a fixed cost that 64 steps halve; but where
     // a block takes part of each row, 64 rows lost (why, not found). Xeon (model
@@ -240,17 +248,19 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // AVX2 (6x16) level. Depths of 33-64 (one chunk) are still chunked, for the copy the other
     // strips read.
     constexpr int64_t chunk_min_depth = 32, chunk_bytes = 128 << 10;
+    const int64_t chunk_cols = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
+    const int64_t chunk_depth = chunk_cols >= n ? 2 * chunk_min_depth : chunk_min_depth;
     const bool chunked = b_in_place && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
-                         kc_max > chunk_min_depth && (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16));
-    if (chunked) nc_blk = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
-    const int64_t chunk_depth = nc_blk >= n ? 2 * chunk_min_depth : chunk_min_depth;
+                         kc_max > chunk_min_depth &&
+                         (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16) || kc_max <= 2 * chunk_depth);
+    if (chunked) nc_blk = chunk_cols;
     // Four strips or more that take B tile by tile where its rows lie a multiple of 4 KiB apart
     // (a B under the packed block, in L2 from call to call) pack each block of it first: in place,
     // a tile's column of B lines falls on two sets of L1 and each strip reads it from L2 again.
     // Xeon (model 207), 1 thread, NN, in one process, in place -> packed, the same bits, medians
-    // of 21 paired rounds: 48x1024x64 1.15x, 56x1024x256 1.05x, 80x1024x128 1.15x, 96x2048x128
-    // 1.13x; but three strips level (40x1024x256 1.01x) and two lost (24x1024x256 0.97x,
-    // 28x1024x128 0.91x).
+    // of 21 paired rounds: 48x1024x64 1.15x (since chunked, above), 56x1024x256 1.05x,
+    // 80x1024x128 1.15x, 96x2048x128 1.13x; but three strips level (40x1024x256 1.01x) and two
+    // lost (24x1024x256 0.97x, 28x1024x128 0.91x).
     const bool b_direct = b_in_place && !(b.rs % 1024 == 0 && !chained && !chunked && n_ir >= 4);
     // B in place packs only the panel cut by the edge (bp then holds that one panel).
     const int64_t bp_cols = b_direct ? NR : nc_blk;
