@@ -672,15 +672,17 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
         const int64_t MR = uk->mr, NR = uk->nr;
-        // Chunks only for a B larger than the packed block (KC x NC): default tiles with 1029
-        // columns, and a block of two panels for the narrower B.
+        // Chunks for a B larger than the packed block (KC x NC), or one under it whose depth takes
+        // one or two chunks: default tiles with 1029 columns, and a block of two panels for the
+        // narrower B.
         RuntimeOptions o2 = default_tiles(*uk, 2), o_narrow = default_tiles(*uk, 1);
         o2.tiles->parallel_min_flops = 0;  // two threads at any size
         o_narrow.tiles->nc = 2 * NR;
         Runtime rt1(default_tiles(*uk, 1)), rt2(o2), rt_narrow(o_narrow);
         const int64_t kc = rt1.state().tiles.kc;
         // The narrow NC runs the narrow widths at every depth; the default tiles run 1029 columns
-        // (at 97 rows deep under the block: tile by tile, or chunks at 16 rows and below).
+        // (at 97 rows deep under the block, on 14x32: chunks of 64 up to 29 rows on one thread and
+        // 15 on two, B packed at 44 and 55).
         for (Runtime *rt : {&rt1, &rt2, &rt_narrow})
             for (int64_t n : {NR + 1, 4 * NR + 5, int64_t{300}, int64_t{1029}})
                 for (int64_t k : {int64_t{31}, int64_t{33}, int64_t{64}, int64_t{65}, int64_t{97}, int64_t{129}, kc + 37}) {
@@ -693,8 +695,10 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a few strips read B in chunks of de
                     check_gemm(*rt, GemmCase{'N', 'N', 2 * MR + 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 9});
                     check_gemm(*rt, GemmCase{'T', 'N', 3 * MR + 2, n, k, 1.0f, 0.0f, 3, ldb - n, 2, false, 10});
                 }
-        // Four strips or more against such B under the packed block (in L2) pack each block of it
-        // (sgemm_sup): the bits of the tiles on B in place at the other stride, and the values.
+        // Four strips or more against such B under the packed block (in L2) that do not go in
+        // chunks pack each block of it (sgemm_sup): past chunked_rows, or at depth 20 (under a
+        // chunk); on 14x32, one thread, 43 and 55 rows at depths 64 and 97 go in chunks. The bits
+        // of the tiles on B in place at the other stride, and the values.
         for (Runtime *rt : {&rt1, &rt2})
             for (int64_t n : {NR + 1, int64_t{300}})
                 for (int64_t k : {int64_t{20}, int64_t{64}, int64_t{97}}) {

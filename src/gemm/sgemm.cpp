@@ -236,6 +236,8 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // below), 55x1024x64 1.09x; 20x1024x128 1.14x, 24x1024x128 1.15-1.20x, 32x1024x128 1.10x,
     // 40x1024x128 0.97-1.05x, 48x1024x128 1.06x, 55x1024x128 1.01x. Deeper, level or lost (four
     // chunks: 20-55 x 1024 x 256 0.98-1.04x, 20-55 x 2048 x 128 0.96-1.00x, 55x1024x200 0.95x).
+    // 2 threads: 20x1024x64 1.32x, 24x1024x128 1.19x; AVX2 (6x16): 20x1024x64 1.14x, 30x1024x64
+    // 1.11x, 24x1024x128 1.06x.
     // A chunk is 32 rows deep, or 64 where one block spans B's whole width. Each chunk's tiles
     // resume their sums from L2 and store them back, a fixed cost that 64 steps halve; but where
     // a block takes part of each row, 64 rows lost (why, not found). Xeon (model
