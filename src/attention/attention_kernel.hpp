@@ -4,12 +4,13 @@
 //
 // The rows of every head that shares one KV head are stacked into one block of M rows, so each
 // packed K and V tile serves the whole group (GQA/MQA without copies). For each key tile, K^T
-// and V are packed, then each register panel of MR rows goes through
+// is packed (V too, or see pv_copy), then each register panel of MR rows goes through
 //   S = scale (Q K^T)        the GEMM microkernel (alpha = scale) on Q's rows (see q_in_place)
 //                            or Q's panels (see q_panels), and K^T's packed panels
 //   masks -> -inf            causal, valid length and the boolean mask, from their compact forms
 //   online softmax fold      S becomes P; running max/sum; the accumulator is rescaled
-//   acc += P V               the microkernel again, P read in place
+//   acc += P V               the microkernel again, P read in place (the first panel's reads
+//                            V in place and copies it into V's packed tile; see pv_copy)
 // while its MR x block_k scores are still in L1. Keys that no row of a panel can see are never
 // computed, nor whole tiles that no row of the item can see. The Lq x Lk matrix never exists.
 // Items with few rows per KV head (Item::direct: decode) hold every KV head of their sequence and
@@ -308,6 +309,22 @@ struct FusedAttention {
                 k_tiles.packed(s.kv_ring, t);
             }
             return dst;
+        }
+        // A V tile left to the first register panel that takes all of its keys, which copies it
+        // as its P V reads V in place (see chunk and pv_copy): a dense tile of whole NR-column
+        // panels that must be packed now (not held by the strip cache), marked held. Where its
+        // panels go, their depth, and its rows in V; dst = nullptr for any other tile (see v()).
+        struct VTile {
+            float *dst = nullptr;
+            int64_t depth = 0;
+            const float *rows = nullptr;
+        };
+        VTile v_deferred(const Shape &s, const float *v, const Item &it, int64_t j0, int64_t n, const ItemScratch &w) {
+            const int64_t Dv = s.value_dim, t = j0 / s.block_k;
+            if (s.kv_cache || Dv % NR != 0 || (s.cache_kv && v_tiles.holds(t))) return {};
+            v_tiles.packed(s.kv_ring, t);
+            return {w.v_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * s.block_k * round_up_to(Dv, NR) : 0),
+                    width(s, j0, n), v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv};
         }
         // The packed V tile and the depth its panels were packed with (their stride).
         std::pair<const float *, int64_t> v(const Shape &s, const float *v, const Item &it, int64_t j0, int64_t n,
@@ -611,6 +628,30 @@ struct FusedAttention {
         }
     }
 
+    // P V for a register panel of `rows` rows reading V's rows where they lie (v_rows, ldv apart;
+    // Dv a multiple of NR) and copying them into the packed tile (NR-column panels `depth` deep)
+    // that the panels after it read: the same ordered FMA chains as on the packed tile. Into c
+    // (ldc apart, beta as for the accumulator) or, given inv, to the output as pv_to_out writes it
+    // (c the output rows, acc what beta adds).
+    template <int R = 1>
+    static void pv_copy(int64_t rows, int64_t k, const float *p, int64_t ldp, const float *v_rows, int64_t ldv,
+                        float *copy, int64_t depth, int64_t Dv, float beta, float *c, int64_t ldc,
+                        const float *inv = nullptr, const float *acc = nullptr) {
+        if constexpr (R <= MR) {
+            if (rows != R) return pv_copy<R + 1>(rows, k, p, ldp, v_rows, ldv, copy, depth, Dv, beta, c, ldc, inv, acc);
+            using gemm::Layout;
+            for (int64_t j = 0; j < Dv; j += NR)
+                if (inv)
+                    gemm::sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, 1, false, true, true, true>(
+                        k, p, ldp, 1, v_rows + j, ldv, c + j, ldc, 1.0f, beta, nullptr, 0, nullptr, 0, inv, acc + j, Dv,
+                        copy + j * depth);
+                else
+                    gemm::sgemm_ukernel<Arch, R, NV, Layout::strided, Layout::strided, 1, false, true, false, true>(
+                        k, p, ldp, 1, v_rows + j, ldv, c + j, ldc, 1.0f, beta, nullptr, 0, nullptr, 0, nullptr, nullptr, 0,
+                        copy + j * depth);
+        }
+    }
+
     // Row r of a packed item's output: query it.i0 + r % rows_per_head of head r / rows_per_head
     // of the item's group.
     static float *out_row(const Shape &s, const Item &it, int64_t rows_per_head, int64_t r, float *out) {
@@ -686,8 +727,17 @@ struct FusedAttention {
             // Every panel puts them in S's first MR rows, which then stay in L1 from one panel to
             // the next instead of the tile's walk through S pushing K's and V's panels out (Xeon,
             // 1 thread, H8, the same bits: L128 D64 +0.5-1.1%, L2048 D64 +2.5%, L512 level).
+            // V's tile is copied by the first panel's P V as it reads V's rows in place (pv_copy),
+            // rather than packed by a pass of its own: the copy takes the store slots the k loop
+            // leaves free, and the pass's loads are gone. Xeon (model 207), 1 thread, H8, the same
+            // bits, medians of 15-21 paired rounds: L128 D64 +4.6-6.3%, D128 +2.5-4.5%, L64 and
+            // L256 D64 +1.2%, L512 +0.9-2.4% (the strip cache packs V once for four or five query
+            // blocks), L2048 level. A tile whose first panel sees only some of its keys (causal)
+            // is packed before that panel's P V, as before.
             const float *kp = kv.k(s, k, it, j0, n, w);
-            const auto [vp, v_depth] = kv.v(s, v, it, j0, n, w);
+            typename KVTiles::VTile pending = kv.v_deferred(s, v, it, j0, n, w);
+            const auto [vp, v_depth] = pending.dst ? std::pair<const float *, int64_t>{pending.dst, pending.depth}
+                                                   : kv.v(s, v, it, j0, n, w);
             for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
                 r1 = r0 + split.rows(p);
                 int64_t first = 0;
@@ -702,6 +752,17 @@ struct FusedAttention {
                 if (s.kv_cache && s.kv_cache->i8)
                     scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
                 const float beta = !lazy || written & bit(p) ? 1.0f : 0.0f;
+                // The first panel whose P V takes every key of a pending V tile copies the tile as
+                // it reads V in place; before any other, the tile is packed.
+                float *copy = nullptr;
+                if (pending.dst) {
+                    if (first == 0 && cols == pending.depth)
+                        copy = pending.dst;
+                    else
+                        gemm::pack_panels<Arch, NR>(Dv, pending.depth, pending.rows, 1, s.ldv, pending.dst);
+                }
+                const float *v_rows = pending.rows;
+                pending.dst = nullptr;
                 if (out && panel_ends(s, it, rows_per_head, r0, r1, j0 + n)) {
                     alignas(64) float inv[MR];
                     panel_inverses(s, it, rows_per_head, r0, r1, m, l, inv);
@@ -710,12 +771,18 @@ struct FusedAttention {
                     for (int64_t a = r0, z; a < r1; a = z) {
                         z = std::min(r1, (a / rows_per_head + 1) * rows_per_head);
                         float *o = out_row(s, it, rows_per_head, a, out);
-                        pv_to_out(z - a, cols - first, sp + (a - r0) * s.block_k, s.block_k, vp + first * NR, v_depth, Dv,
-                                  beta, acc + a * Dv, inv + (a - r0), o, s.ldo);
+                        if (copy)
+                            pv_copy(z - a, cols, sp + (a - r0) * s.block_k, s.block_k, v_rows, s.ldv, copy, v_depth, Dv,
+                                    beta, o, s.ldo, inv + (a - r0), acc + a * Dv);
+                        else
+                            pv_to_out(z - a, cols - first, sp + (a - r0) * s.block_k, s.block_k, vp + first * NR, v_depth,
+                                      Dv, beta, acc + a * Dv, inv + (a - r0), o, s.ldo);
                         for (int64_t r = a; r < z; ++r)  // no visible key: zeros, whatever P V gave
                             if (l[r] == 0.0f) std::fill(o + (r - a) * s.ldo, o + (r - a) * s.ldo + Dv, 0.0f);
                     }
                     done |= bit(p);
+                } else if (copy) {
+                    pv_copy(r1 - r0, cols, sp, s.block_k, v_rows, s.ldv, copy, v_depth, Dv, beta, acc + r0 * Dv, Dv);
                 } else {
                     gemm::sgemm_macro_sup<Arch, MR, NV>(gemm::SupArgs{r1 - r0, Dv, cols - first, 0, (Dv + NR - 1) / NR,
                                                                       sp, s.block_k, 1, nullptr, 0, vp + first * NR,
@@ -723,6 +790,8 @@ struct FusedAttention {
                 }
                 if (lazy) written |= bit(p);
             }
+            // No panel took the tile's keys: the strip cache still holds it for the blocks after.
+            if (pending.dst && s.cache_kv) gemm::pack_panels<Arch, NR>(Dv, pending.depth, pending.rows, 1, s.ldv, pending.dst);
         }
         if (lazy)
             for (int64_t p = 0, r0 = 0, r1 = 0; p < panels; ++p, r0 = r1) {
