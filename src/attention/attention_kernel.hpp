@@ -323,14 +323,17 @@ struct FusedAttention {
             const int64_t Dv = s.value_dim, t = j0 / s.block_k;
             if (s.kv_cache || Dv % NR != 0 || (s.cache_kv && v_tiles.holds(t))) return {};
             v_tiles.packed(s.kv_ring, t);
-            return {w.v_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * s.block_k * round_up_to(Dv, NR) : 0),
-                    width(s, j0, n), v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv};
+            return {v_slot(s, t, w), width(s, j0, n), v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv};
+        }
+        // Where key tile t's packed V goes: its ring slot with the strip cache, else the one tile.
+        static float *v_slot(const Shape &s, int64_t t, const ItemScratch &w) {
+            return w.v_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * s.block_k * round_up_to(s.value_dim, NR) : 0);
         }
         // The packed V tile and the depth its panels were packed with (their stride).
         std::pair<const float *, int64_t> v(const Shape &s, const float *v, const Item &it, int64_t j0, int64_t n,
                                             const ItemScratch &w) {
             const int64_t Dv = s.value_dim, t = j0 / s.block_k, depth = width(s, j0, n);
-            float *dst = w.v_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * s.block_k * round_up_to(Dv, NR) : 0);
+            float *dst = v_slot(s, t, w);
             if (s.kv_cache) {
                 const CacheView &c = *s.kv_cache;
                 for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
@@ -802,10 +805,11 @@ struct FusedAttention {
                     for (int64_t a = r0, z; a < r1; a = z) {
                         z = std::min(r1, (a / rows_per_head + 1) * rows_per_head);
                         float *o = out_row(s, it, rows_per_head, a, out);
-                        if (copy)
+                        if (copy) {  // the first head's rows copy V; the tile then holds every key for the rest
                             pv_copy(z - a, cols, v_packed_rows, sp + (a - r0) * s.block_k, s.block_k, v_rows, s.ldv, copy,
                                     v_depth, Dv, beta, o, s.ldo, inv + (a - r0), acc + a * Dv);
-                        else
+                            copy = nullptr;
+                        } else
                             pv_to_out(z - a, cols - first, sp + (a - r0) * s.block_k, s.block_k, vp + first * NR, v_depth,
                                       Dv, beta, acc + a * Dv, inv + (a - r0), o, s.ldo);
                         for (int64_t r = a; r < z; ++r)  // no visible key: zeros, whatever P V gave
