@@ -32,10 +32,9 @@ void check_in_place(const float *q, const float *out, int64_t head_dim, int64_t 
 }
 
 const AttentionKernel &find_attention_kernel(std::string_view gemm_ukernel) {
-    for (auto list : {attention_kernels_avx512_0(), attention_kernels_avx512_1(), attention_kernels_avx512_2(),
-                      attention_kernels_avx2()})
+    for (auto list : {attention_kernels_avx512(), attention_kernels_avx2()})
         for (const auto &k : list)
-            if (k.name && gemm_ukernel == k.name) return k;
+            if (gemm_ukernel == k.name) return k;
     throw Error(Status::internal, "no attention kernel for microkernel " + std::string(gemm_ukernel));
 }
 

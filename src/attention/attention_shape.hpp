@@ -222,12 +222,8 @@ struct AttentionKernel {
     MergeFn merge;
 };
 
-// Each ISA's kernels (the AVX-512 ones built in three files; a table's entries of another file's
-// kernels have a NULL name).
 std::span<const AttentionKernel> attention_kernels_avx2();
-std::span<const AttentionKernel> attention_kernels_avx512_0();
-std::span<const AttentionKernel> attention_kernels_avx512_1();
-std::span<const AttentionKernel> attention_kernels_avx512_2();
+std::span<const AttentionKernel> attention_kernels_avx512();
 const AttentionKernel &find_attention_kernel(std::string_view gemm_ukernel);
 
 } // namespace mha::attention_detail
