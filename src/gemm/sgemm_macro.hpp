@@ -71,23 +71,6 @@ inline void sgemm_ukernel_rows(int64_t mr, int64_t k, const float *a, int64_t rs
     }(std::make_integer_sequence<int, NP == 1 ? MR - 1 : kWideRowsDirect<Arch, MR, NV>>{});
 }
 
-// sgemm_ukernel_run for a strip of mr <= MR rows: A as LA lays it out for a whole strip, a
-// shorter one read with its strides (as sgemm_ukernel_rows does).
-template <class Arch, int MR, int NV, Layout LA, Layout LB>
-inline void sgemm_ukernel_run_rows(int64_t mr, int64_t tiles, int64_t b_next, int64_t k, const float *a, int64_t rs_a,
-                                   int64_t cs_a, const float *b, int64_t rs_b, float *c, int64_t ldc, float alpha,
-                                   float beta, const float *bias) {
-    if (mr == MR)
-        return sgemm_ukernel_run<Arch, MR, NV, LA, LB>(tiles, b_next, k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias);
-    [&]<int... R>(std::integer_sequence<int, R...>) {
-        (void)((mr == R + 1 && (sgemm_ukernel_run<Arch, R + 1, NV, Layout::strided, LB>(tiles, b_next, k, a, rs_a, cs_a,
-                                                                                         b, rs_b, c, ldc, alpha, beta,
-                                                                                         bias),
-                                true)) ||
-               ...);
-    }(std::make_integer_sequence<int, MR - 1>{});
-}
-
 // One tile of C, mr x nr. A tile cut by the right edge is computed whole into a local buffer and
 // only its valid columns are merged, so the microkernel never branches on the edge. kernel(c, ldc,
 // alpha, beta, bias) computes a whole tile. An edge tile's sums come back as they are (alpha = 1,
@@ -147,12 +130,7 @@ inline void sgemm_strip_packed(int64_t mr, int64_t nc, int64_t kc, const float *
         for (; j + 2 * NR <= nc; j += 2 * NR)
             sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, kc, a, rs_a, cs_a, bp + j * kc, NR, c + j, ldc, alpha,
                                                                 beta, bias ? bias + j : nullptr, NR * kc);
-    if (const int64_t whole = (nc - j) / NR; whole > 0) {  // IR: NR columns of B, the whole panels in one run
-        sgemm_ukernel_run_rows<Arch, MR, NV, LA, Layout::packed>(mr, whole, NR * kc, kc, a, rs_a, cs_a, bp + j * kc, NR,
-                                                                 c + j, ldc, alpha, beta, bias ? bias + j : nullptr);
-        j += whole * NR;
-    }
-    for (; j < nc; j += NR) {                              // the edge panel
+    for (; j < nc; j += NR) {                              // IR: NR columns of B
         const float *bpanel = bp + j * kc;
         if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, a, rs_a, cs_a, bpanel, NR, c + j, ldc, alpha,
                                                            beta, bias ? bias + j : nullptr))
@@ -424,20 +402,7 @@ void sgemm_macro_sup(const SupArgs &s) {
                                                                         NR, ct, s.ldc, s.alpha, s.beta, nullptr,
                                                                         NR * s.bp_depth);
             }
-        // IR: NR columns of B, the whole panels in one run (B in place, or its packed panels)
-        if (const int64_t whole = std::min(s.jr1, s.nc / NR) - jr; whole > 0) {
-            const int64_t j = jr * NR;
-            if (s.b)
-                sgemm_ukernel_run_rows<Arch, MR, NV, Layout::strided, Layout::strided>(
-                    mr, whole, NR, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta,
-                    nullptr);
-            else
-                sgemm_ukernel_run_rows<Arch, MR, NV, Layout::strided, Layout::packed>(
-                    mr, whole, NR * s.bp_depth, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR, s.c + i * s.ldc + j, s.ldc,
-                    s.alpha, s.beta, nullptr);
-            jr += whole;
-        }
-        for (; jr < s.jr1; ++jr) {                             // the edge panel
+        for (; jr < s.jr1; ++jr) {                             // IR: NR columns of B
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
             if (nr < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nr, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR,
                                                            s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta, nullptr))
