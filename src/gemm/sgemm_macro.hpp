@@ -130,7 +130,15 @@ inline void sgemm_strip_packed(int64_t mr, int64_t nc, int64_t kc, const float *
         for (; j + 2 * NR <= nc; j += 2 * NR)
             sgemm_ukernel_rows<Arch, MR, NV, Layout::packed, 2>(mr, kc, a, rs_a, cs_a, bp + j * kc, NR, c + j, ldc, alpha,
                                                                 beta, bias ? bias + j : nullptr, NR * kc);
-    for (; j < nc; j += NR) {                              // IR: NR columns of B
+    // IR: NR columns of B. A whole strip's whole panels in one run (see sgemm_ukernel_run); an
+    // edge strip's (a few rows, once a block) a call each, which spares compiling a run for every
+    // row count.
+    if (const int64_t whole = (nc - j) / NR; mr == MR && whole > 0) {
+        sgemm_ukernel_run<Arch, MR, NV, LA, Layout::packed>(whole, NR * kc, kc, a, rs_a, cs_a, bp + j * kc, NR, c + j, ldc,
+                                                            alpha, beta, bias ? bias + j : nullptr);
+        j += whole * NR;
+    }
+    for (; j < nc; j += NR) {                              // the edge panel, or an edge strip's panels
         const float *bpanel = bp + j * kc;
         if (nc - j < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nc - j, kc, a, rs_a, cs_a, bpanel, NR, c + j, ldc, alpha,
                                                            beta, bias ? bias + j : nullptr))
@@ -402,7 +410,21 @@ void sgemm_macro_sup(const SupArgs &s) {
                                                                         NR, ct, s.ldc, s.alpha, s.beta, nullptr,
                                                                         NR * s.bp_depth);
             }
-        for (; jr < s.jr1; ++jr) {                             // IR: NR columns of B
+        // IR: NR columns of B; a whole strip's whole panels in one run (B in place, or its packed
+        // panels), as in sgemm_strip_packed
+        if (const int64_t whole = std::min(s.jr1, s.nc / NR) - jr; mr == MR && whole > 0) {
+            const int64_t j = jr * NR;
+            if (s.b)
+                sgemm_ukernel_run<Arch, MR, NV, Layout::strided, Layout::strided>(
+                    whole, NR, s.k, a, s.rs_a, s.cs_a, s.b + j, s.rs_b, s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta,
+                    nullptr);
+            else
+                sgemm_ukernel_run<Arch, MR, NV, Layout::strided, Layout::packed>(
+                    whole, NR * s.bp_depth, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR, s.c + i * s.ldc + j, s.ldc, s.alpha,
+                    s.beta, nullptr);
+            jr += whole;
+        }
+        for (; jr < s.jr1; ++jr) {                             // the edge panel, or an edge strip's panels
             const int64_t j = jr * NR, nr = s.nc - j < NR ? s.nc - j : NR;
             if (nr < NR && sgemm_narrow_tile<Arch, MR, NV>(mr, nr, s.k, a, s.rs_a, s.cs_a, s.panel(j), NR,
                                                            s.c + i * s.ldc + j, s.ldc, s.alpha, s.beta, nullptr))

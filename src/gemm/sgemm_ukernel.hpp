@@ -37,18 +37,15 @@ enum class Layout { packed, strided };
 // CopyB (B read in place): each step's NP NV B vectors are also stored to b_copy (64-byte
 // aligned), one after the other, NP NR floats a step, for the strips that follow this one over
 // the same rows of B (see sgemm_sup_chunked).
-// Never inlined: inside a caller's loops (the small-problem path's, attention's chunk) GCC gave
-// the k loop fewer registers and reloaded A's row offsets from the stack every step. Xeon (AMX), 1
-// thread, against dnnl_sgemm, inlined -> a call per tile: 512x512x64 NT 0.916x -> 0.964x,
-// 2048x2048x64 NT 0.950x -> 0.998x, 64^3 1.02x -> 1.10x, 100^3 0.95x -> 0.97x; the packed path
-// (whose calls GCC did not inline) level.
+// The tile's code, inlined only into the two entry points below (sgemm_ukernel, one tile, and
+// sgemm_ukernel_run, a run of them), whose calls are never inlined.
 template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1, bool Resume = false, bool PrefetchB = true,
           bool RowScale = false, bool CopyB = false>
-__attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
-                   int64_t rs_b, float *c, int64_t ldc, float alpha, float beta, const float *bias = nullptr,
-                   int64_t b_panel = 0, const float *resume = nullptr, int64_t ld_resume = 0,
-                   const float *row_scale = nullptr, const float *c_in = nullptr, int64_t ld_in = 0,
-                   float *b_copy = nullptr) {
+__attribute__((always_inline)) inline void ukernel_tile(int64_t k, const float *a, int64_t rs_a, int64_t cs_a,
+                                                        const float *b, int64_t rs_b, float *c, int64_t ldc, float alpha,
+                                                        float beta, const float *bias, int64_t b_panel,
+                                                        const float *resume, int64_t ld_resume, const float *row_scale,
+                                                        const float *c_in, int64_t ld_in, float *b_copy) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size);
     constexpr int NR = NV * W;
@@ -205,6 +202,42 @@ __attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t 
                 simd::fmadd(acc[i][j], va, vb * V::load_unaligned(cp)).store_unaligned(cp);
             }
     }
+}
+
+// Never inlined: inside a caller's loops (the small-problem path's, attention's chunk) GCC gave
+// the k loop fewer registers and reloaded A's row offsets from the stack every step. Xeon (AMX), 1
+// thread, against dnnl_sgemm, inlined -> a call per tile: 512x512x64 NT 0.916x -> 0.964x,
+// 2048x2048x64 NT 0.950x -> 0.998x, 64^3 1.02x -> 1.10x, 100^3 0.95x -> 0.97x; the packed path
+// (whose calls GCC did not inline) level.
+template <class Arch, int MR, int NV, Layout LA, Layout LB, int NP = 1, bool Resume = false, bool PrefetchB = true,
+          bool RowScale = false, bool CopyB = false>
+__attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t rs_a, int64_t cs_a, const float *b,
+                                             int64_t rs_b, float *c, int64_t ldc, float alpha, float beta,
+                                             const float *bias = nullptr, int64_t b_panel = 0,
+                                             const float *resume = nullptr, int64_t ld_resume = 0,
+                                             const float *row_scale = nullptr, const float *c_in = nullptr,
+                                             int64_t ld_in = 0, float *b_copy = nullptr) {
+    ukernel_tile<Arch, MR, NV, LA, LB, NP, Resume, PrefetchB, RowScale, CopyB>(
+        k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias, b_panel, resume, ld_resume, row_scale, c_in, ld_in, b_copy);
+}
+
+// A run of `tiles` whole tiles along one strip of A, in one call: tile t reads B's panel at
+// b + t b_next and writes C's columns [t NR, t NR + NR) (and adds the bias from there), each
+// exactly as sgemm_ukernel computes it. The call's own cost (saving registers, A's row offsets,
+// the caller's dispatch on the strip's rows and its edge test) then comes once a strip instead of
+// once a tile, which shows where tiles are shallow. Xeon (model 207), 1 thread, in one process
+// against a call per tile, the same bits, medians of 11-21 paired rounds: 512x512x64 NT +2.1-2.9%
+// (0.976x -> 0.99x dnnl_sgemm), 2048x2048x64 NT +2.8%, 512x64x512 +1.4%; 1024^3, 2048^3,
+// 4096x1536x512 NT and 128^3 NT level (1.000-1.008x); AVX2 (6x16) on the same core 512x512x64 NT
+// +3.8%, 1024^3 +2.0%; attention L128-L2048 level to +1.1%, the layer level.
+template <class Arch, int MR, int NV, Layout LA, Layout LB>
+__attribute__((noinline)) void sgemm_ukernel_run(int64_t tiles, int64_t b_next, int64_t k, const float *a,
+                                                 int64_t rs_a, int64_t cs_a, const float *b, int64_t rs_b, float *c,
+                                                 int64_t ldc, float alpha, float beta, const float *bias) {
+    constexpr int64_t NR = NV * static_cast<int64_t>(xsimd::batch<float, Arch>::size);
+    for (int64_t t = 0; t < tiles; ++t)
+        ukernel_tile<Arch, MR, NV, LA, LB>(k, a, rs_a, cs_a, b + t * b_next, rs_b, c + t * NR, ldc, alpha, beta,
+                                           bias ? bias + t * NR : nullptr, 0, nullptr, 0, nullptr, nullptr, 0, nullptr);
 }
 
 } // namespace
