@@ -9,20 +9,27 @@
 namespace mha::ref {
 
 // C = alpha * op(A) * op(B) + beta * C in double; also returns, per element, the magnitude
-// |alpha| * sum |a||b| + |beta c| that bounds the rounding error of any float evaluation.
+// |alpha| * sum |a||b| + |beta c| that bounds the rounding error of any float evaluation. Each
+// sum runs over p = 0, 1, ..., k - 1 as the definition writes it, on op(A)'s row and op(B)'s
+// column first copied to contiguous doubles (so the loop reads neither with a stride).
 inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, double alpha, const float *a,
                   int64_t lda, const float *b, int64_t ldb, double beta, const float *c, int64_t ldc,
                   std::vector<double> &out, std::vector<double> &magnitude) {
     out.assign(static_cast<size_t>(m * n), 0.0);
     magnitude.assign(static_cast<size_t>(m * n), 0.0);
-    for (int64_t i = 0; i < m; ++i)
+    std::vector<double> a_row(static_cast<size_t>(k)), b_cols(static_cast<size_t>(n * k));
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t p = 0; p < k; ++p)
+            b_cols[static_cast<size_t>(j * k + p)] = tb == 'N' ? b[p * ldb + j] : b[j * ldb + p];
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t p = 0; p < k; ++p) a_row[static_cast<size_t>(p)] = ta == 'N' ? a[i * lda + p] : a[p * lda + i];
         for (int64_t j = 0; j < n; ++j) {
+            const double *y = b_cols.data() + j * k;
             double s = 0, mag = 0;
             for (int64_t p = 0; p < k; ++p) {
-                const double x = ta == 'N' ? a[i * lda + p] : a[p * lda + i];
-                const double y = tb == 'N' ? b[p * ldb + j] : b[j * ldb + p];
-                s += x * y;
-                mag += std::fabs(x * y);
+                const double xy = a_row[static_cast<size_t>(p)] * y[p];
+                s += xy;
+                mag += std::fabs(xy);
             }
             double r = alpha * s, rm = std::fabs(alpha) * mag;
             if (beta != 0.0) {
@@ -32,6 +39,7 @@ inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, double alph
             out[static_cast<size_t>(i * n + j)] = r;
             magnitude[static_cast<size_t>(i * n + j)] = rm;
         }
+    }
 }
 
 } // namespace mha::ref
