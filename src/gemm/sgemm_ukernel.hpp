@@ -221,15 +221,17 @@ __attribute__((noinline)) void sgemm_ukernel(int64_t k, const float *a, int64_t 
         k, a, rs_a, cs_a, b, rs_b, c, ldc, alpha, beta, bias, b_panel, resume, ld_resume, row_scale, c_in, ld_in, b_copy);
 }
 
-// A run of `tiles` whole tiles along one strip of A, in one call: tile t reads B's panel at
+// A run of `tiles` whole tiles along one strip of MR rows, in one call: tile t reads B's panel at
 // b + t b_next and writes C's columns [t NR, t NR + NR) (and adds the bias from there), each
 // exactly as sgemm_ukernel computes it. The call's own cost (saving registers, A's row offsets,
 // the caller's dispatch on the strip's rows and its edge test) then comes once a strip instead of
-// once a tile, which shows where tiles are shallow. Xeon (model 207), 1 thread, in one process
-// against a call per tile, the same bits, medians of 11-21 paired rounds: 512x512x64 NT +2.1-2.9%
-// (0.976x -> 0.99x dnnl_sgemm), 2048x2048x64 NT +2.8%, 512x64x512 +1.4%; 1024^3, 2048^3,
-// 4096x1536x512 NT and 128^3 NT level (1.000-1.008x); AVX2 (6x16) on the same core 512x512x64 NT
-// +3.8%, 1024^3 +2.0%; attention L128-L2048 level to +1.1%, the layer level.
+// once a tile, which shows where tiles are shallow. Only whole strips take it: a run for every
+// row count of the edge strips (73 more kernels in attention's AVX-512 object alone) cost
+// tools/test a minute of compiling for the few tiles at the bottom edge. Xeon (model 207), 1
+// thread, in one process against a call per tile, the same bits, medians of 11-21 paired rounds:
+// 512x512x64 NT +1.0-1.8%, 2048x2048x64 NT +1.9%; 1024^3, 4096x1536x512 NT, attention L128/L512
+// and the layer level (0.99-1.01x); AVX2 (6x16) on the same core 512x512x64 NT +4.3%, 1024^3
+// +2.9%.
 template <class Arch, int MR, int NV, Layout LA, Layout LB>
 __attribute__((noinline)) void sgemm_ukernel_run(int64_t tiles, int64_t b_next, int64_t k, const float *a,
                                                  int64_t rs_a, int64_t cs_a, const float *b, int64_t rs_b, float *c,
