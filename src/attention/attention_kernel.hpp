@@ -38,9 +38,10 @@
 #include <numeric>
 
 #include "attention/attention_shape.hpp"
+#include "attention/cache_i8.hpp"
 #include "attention/direct_tiles.hpp"
+#include "attention/score_modifiers.hpp"
 #include "gemm/sgemm_macro.hpp"
-#include "simd/widen_i8.hpp"
 #include "softmax/softmax_kernels.hpp"
 
 namespace mha::attention_detail {
@@ -105,181 +106,8 @@ struct FusedAttention {
     using Tail = softmax_detail::Partial<Arch>;
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-    // Sets the scores of keys [j0, j0 + n) that row i of batch b may not see to -inf.
-    static void apply_masks(const Shape &s, int64_t b, int64_t i, int64_t j0, int64_t n, float *row) {
-        const int64_t lim = s.key_limit(b, i) - j0;
-        for (int64_t j = lim < 0 ? 0 : lim; j < n; ++j) row[j] = kNegInf;
-        const int64_t first = std::min(s.key_start(b, i) - j0, std::min(lim, n));  // the window
-        for (int64_t j = 0; j < first; ++j) row[j] = kNegInf;
-        if (s.mask) {
-            const uint8_t *mrow = s.mask + b * s.mask_batch_stride + i * s.mask_row_stride + j0;
-            const int64_t end = lim < n ? lim : n;
-            for (int64_t j = 0; j < end; ++j)
-                if (!mrow[j]) row[j] = kNegInf;
-        }
-    }
-
-    // tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|): one vexp per vector, 1 at large
-    // |x|, NaN stays NaN. Below |x| = 1/8, where 1 - e cancels (a cap far above the scores made
-    // every capped score 0: x = s / cap rounds e to 1), its odd Taylor series to x^7, whose next
-    // term is under 2e-10 of x there. Relative error: a few ulp everywhere.
-    static V vtanh(const V &x) {
-        const V ax = xsimd::abs(x);
-        const V e = softmax_detail::vexp_nonpositive<Arch>(V(-2.0f) * ax);
-        V t = (V(1.0f) - e) / (V(1.0f) + e);
-        t = xsimd::select(x < V(0.0f), -t, t);
-        const V x2 = x * x;
-        const V p = simd::fmadd(x2, simd::fmadd(x2, V(-17.0f / 315.0f), V(2.0f / 15.0f)), V(-1.0f / 3.0f));
-        const V small = simd::fmadd(x * x2, p, x);
-        return xsimd::select(ax < V(0.125f), small, t);
-    }
-
-    // Soft-capping and ALiBi on the scaled scores of keys [j0, j0 + n) for a query at position p
-    // of head h: s = cap tanh(s / cap), then s += slope[h] (j - p). Scores are independent of each
-    // other, so the tile and panel a key is computed in never change its bits.
-    static void modify_scores(const Shape &s, int64_t h, int64_t p, int64_t j0, int64_t n, float *row) {
-        if (s.softcap != 0.0f) {
-            const V cap(s.softcap), inv(1.0f / s.softcap);
-            int64_t j = 0;
-            for (; j + W <= n; j += W) (cap * vtanh(V::load_unaligned(row + j) * inv)).store_unaligned(row + j);
-            if (j < n) Tail::store(row + j, n - j, cap * vtanh(Tail::load(row + j, n - j, 0.0f) * inv));
-        }
-        if (s.alibi) {
-            const float slope = s.alibi[h];
-            alignas(64) float iota[W];
-            for (int t = 0; t < W; ++t) iota[t] = static_cast<float>(t);
-            const V vs(slope), vi = V::load_aligned(iota);
-            int64_t j = 0;
-            // j0 + j - p is an integer below 2^24 in magnitude: exact in float.
-            for (; j + W <= n; j += W)
-                simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, V::load_unaligned(row + j)).store_unaligned(row + j);
-            if (j < n)
-                Tail::store(row + j, n - j,
-                            simd::fmadd(vs, V(static_cast<float>(j0 + j - p)) + vi, Tail::load(row + j, n - j, 0.0f)));
-        }
-    }
-
-    // How far ahead (bytes) the int8 widening asks for the cache's lines: decode streams the
-    // cache from memory and the hardware prefetchers fall behind. Zen 5, decode B16 Lk4096
-    // H32/8 D128, 1 thread: none 21.9 ms, 1 KiB 18.4, 2 KiB 14.7, 4 KiB 13.7, 8 KiB 13.6.
-    static constexpr int64_t kPrefetchI8 = 4096;
-
-    // The int8 cache's arithmetic, the same on every path (so prefill, chunks and decode agree
-    // bit for bit): a score is the microkernel's FMA chain over the head dimension on the stored
-    // integers (exact in fp32), times the call's scale, times the key's scale; P V is the chain
-    // over the keys of P times the value's scale, against the stored integers. Scaling once per
-    // score and once per probability, not once per stored value, is what lets decode widen in
-    // registers.
-    //
-    // An int8 cache's K panels of keys [j, j + n) of KV head h (within one block, j % NR == 0)
-    // widened to fp32 in the same panel layout, unscaled. Lanes past n get 0.
-    static void widen_k(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t D, float *dst) {
-        const int8_t *q = c.k_panels_i8(b, h, j, D);
-        for (int64_t p = 0; p * NR < n; ++p) {
-            alignas(64) float lane_scale[NR];
-            for (int l = 0; l < NR; ++l) lane_scale[l] = p * NR + l < n ? 1.0f : 0.0f;
-            V f[NV];
-            for (int c = 0; c < NV; ++c) f[c] = V::load_aligned(lane_scale + c * W);
-            const int8_t *qp = q + p * NR * D;
-            float *dp = dst + p * NR * D;
-            for (int64_t d = 0; d < D; ++d) {
-                if (d * NR % 64 == 0) __builtin_prefetch(qp + d * NR + kPrefetchI8);
-                for (int c = 0; c < NV; ++c)
-                    (simd::widen_i8<Arch>(qp + d * NR + c * W) * f[c]).store_unaligned(dp + d * NR + c * W);
-            }
-        }
-    }
-
-    // An int8 cache's V rows of keys [j, j + n) of KV head h (within one block), widened into
-    // NR-column panels of depth `depth` from row `row`, unscaled: value (j + t, c) at
-    // dst[c / NR * depth * NR + (row + t) * NR + c % NR].
-    static void widen_v(const CacheView &c, int64_t b, int64_t h, int64_t j, int64_t n, int64_t Dv, int64_t depth,
-                        int64_t row, float *dst) {
-        const int8_t *q = c.v_panels_i8(b, h, j);
-        for (int64_t p = 0; p * NR < Dv; ++p)
-            for (int64_t t = 0; t < n; ++t) {
-                const int8_t *qr = q + p * c.v_panel + t * NR;
-                float *dr = dst + p * depth * NR + (row + t) * NR;
-                for (int l = 0; l < NV; ++l) simd::widen_i8<Arch>(qr + l * W).store_unaligned(dr + l * W);
-            }
-    }
-
-    // Rows [r0, r1) of x (stride ld), columns [0, n) for keys [j0, j0 + n) of KV head h: times
-    // each key's K scale (scores) or V scale (probabilities) of the int8 cache.
-    static void scale_keys_i8(const CacheView &c, bool v, int64_t b, int64_t h, int64_t j0, int64_t n, float *x,
-                              int64_t r0, int64_t r1, int64_t ld) {
-        for (int64_t j = 0, run; j < n; j += run) {
-            run = std::min(n - j, c.run(j0 + j));
-            const float *sc = v ? c.v_scales(b, h, j0 + j) : c.k_scales(b, h, j0 + j);
-            for (int64_t r = r0; r < r1; ++r) {
-                float *xr = x + r * ld + j;
-                int64_t t = 0;
-                for (; t + W <= run; t += W) (V::load_unaligned(xr + t) * V::load_unaligned(sc + t)).store_unaligned(xr + t);
-                if (t < run) Tail::store(xr + t, run - t, Tail::load(xr + t, run - t, 0.0f) * Tail::load(sc + t, run - t, 0.0f));
-            }
-        }
-    }
-
-    // Decode's scores from an int8 cache, widening K in registers: rows [0, M) of the packed
-    // queries qp (MR-row panels) against the n keys of one block's K panels k8, into s (stride
-    // lds), each times its key's scale sc. The same chain as the microkernel on widen_k's
-    // panels followed by scale_keys_i8, so the same bits as the packed path.
-    // pf: where the next call's K lies (see direct_scores); its lines are asked for at the
-    // offsets this call reads, one call ahead. Two panels at a time while R x 2 x NV sums and
-    // their operands fit the vector registers: at decode's 4 rows one panel's 8 chains are too
-    // few to cover the FMA latency (Zen 5, decode B16 Lk4096 H32/8 D128: 7.0 -> 6.6 ms).
-    template <int R>
-    static void scores_i8_rows(int64_t n, int64_t D, float scale, const float *qp, const int8_t *k8, const float *sc,
-                               float *s, int64_t lds, const int8_t *pf) {
-        constexpr int kRegs = W == 16 ? 32 : 16;
-        constexpr int P = 2 * R * NV + 2 * NV + 1 <= kRegs ? 2 : 1;
-        int64_t p = 0;
-        for (; (p + P) * NR <= n; p += P)
-            scores_i8_pass<R, P>(NR * P, D, scale, qp, k8 + p * NR * D, pf + p * NR * D, sc + p * NR, s + p * NR, lds);
-        for (; p * NR < n; ++p)
-            scores_i8_pass<R, 1>(std::min<int64_t>(NR, n - p * NR), D, scale, qp, k8 + p * NR * D, pf + p * NR * D,
-                                 sc + p * NR, s + p * NR, lds);
-    }
-    template <int R, int P>
-    static void scores_i8_pass(int64_t m, int64_t D, float scale, const float *qp, const int8_t *kp, const int8_t *kf,
-                               const float *sc, float *s, int64_t lds) {
-        V acc[R][P][NV];
-        for (int r = 0; r < R; ++r)
-            for (int q = 0; q < P; ++q)
-                for (int c = 0; c < NV; ++c) acc[r][q][c] = V(0.0f);
-        for (int64_t d = 0; d < D; ++d) {
-            V bv[P][NV];
-            for (int q = 0; q < P; ++q) {
-                if (d * NR % 64 == 0) __builtin_prefetch(kf + q * NR * D + d * NR);
-                for (int c = 0; c < NV; ++c) bv[q][c] = simd::widen_i8<Arch>(kp + q * NR * D + d * NR + c * W);
-            }
-            for (int r = 0; r < R; ++r) {
-                const V a(qp[d * MR + r]);
-                for (int q = 0; q < P; ++q)
-                    for (int c = 0; c < NV; ++c) acc[r][q][c] = simd::fmadd(a, bv[q][c], acc[r][q][c]);
-            }
-        }
-        for (int q = 0; q < P; ++q)
-            for (int c = 0; c < NV && q * NR + c * W < m; ++c) {
-                const int64_t o = q * NR + c * W, lanes = std::min<int64_t>(W, m - o);
-                const V f = lanes == W ? V::load_unaligned(sc + o) : Tail::load(sc + o, lanes, 0.0f);
-                for (int r = 0; r < R; ++r) {
-                    const V score = acc[r][q][c] * V(scale) * f;  // (chain x scale) x the key's scale
-                    if (lanes == W)
-                        score.store_unaligned(s + r * lds + o);
-                    else
-                        Tail::store(s + r * lds + o, lanes, score);
-                }
-            }
-    }
-    template <int R = 1>
-    static void scores_i8(int64_t rows, int64_t n, int64_t D, float scale, const float *qp, const int8_t *k8,
-                          const float *sc, float *s, int64_t lds, const int8_t *pf) {
-        if constexpr (R <= MR) {
-            if (rows == R) return scores_i8_rows<R>(n, D, scale, qp, k8, sc, s, lds, pf);
-            scores_i8<R + 1>(rows, n, D, scale, qp, k8, sc, s, lds, pf);
-        }
-    }
+    using Mods = ScoreModifiers<Arch>;
+    using I8 = CacheI8<Arch, MR, NV>;
 
     // Packed K and V tiles of a packed item. Without the strip cache each key step packs its tiles
     // again; with it (one strip = all query blocks of a (batch, KV head) on one thread) each tile is
@@ -297,7 +125,7 @@ struct FusedAttention {
             if (s.kv_cache) {  // int8: the tile's panels widened once, block by block
                 for (int64_t j = 0, run; j < n; j += run) {
                     run = std::min(n - j, s.kv_cache->run(j0 + j));
-                    widen_k(*s.kv_cache, it.b, it.g, j0 + j, run, s.head_dim, w.k_packed + j * s.head_dim);
+                    I8::widen_k(*s.kv_cache, it.b, it.g, j0 + j, run, s.head_dim, w.k_packed + j * s.head_dim);
                 }
                 return w.k_packed;
             }
@@ -339,7 +167,7 @@ struct FusedAttention {
                 for (int64_t j = 0, run; j < depth; j += run) {  // the cache's panels, block by block
                     run = std::min(depth - j, c.run(j0 + j));
                     if (c.i8) {
-                        widen_v(c, it.b, it.g, j0 + j, run, Dv, depth, j, dst);
+                        I8::widen_v(c, it.b, it.g, j0 + j, run, Dv, depth, j, dst);
                         continue;
                     }
                     const float *src = c.v_panels(it.b, it.g, j0 + j);
@@ -437,7 +265,7 @@ struct FusedAttention {
                                                  c.v_panels_i8(it.b, it.g, j0));
                     for (int64_t q = 0, n_strips = gemm::strip_count(Mg, MR); q < n_strips; ++q) {  // as pack_q packed them
                         const int64_t r0 = gemm::strip_start(Mg, MR, q);
-                        scores_i8(gemm::strip_start(Mg, MR, q + 1) - r0, step, D, s.scale, qh + q * MR * D,
+                        I8::scores_i8(gemm::strip_start(Mg, MR, q + 1) - r0, step, D, s.scale, qh + q * MR * D,
                                   c.k_panels_i8(it.b, it.g + h, j0 + j, D), c.k_scales(it.b, it.g + h, j0 + j),
                                   sh + r0 * s.block_k, s.block_k, next);
                     }
@@ -469,7 +297,7 @@ struct FusedAttention {
     // order, V rows read in place a step of tokens at a time for every KV head (between steps in
     // t), and the last step adds it to acc. The next tile (if any) starts at key `next_tile`; an
     // int8 cache's reads are asked for one call ahead across the jumps between heads, blocks and
-    // tiles (see scores_i8_rows).
+    // tiles (see CacheI8::scores_i8_rows).
     static void direct_accumulate(const Shape &s, const float *v, const Item &it, int64_t rows_per_head, int64_t j0,
                                   int64_t cols, int64_t next_tile, int64_t end, const ItemScratch &w, float *acc) {
         const int64_t Dv = s.value_dim, Mg = s.group() * rows_per_head;
@@ -482,7 +310,7 @@ struct FusedAttention {
                 const CacheView *c = s.kv_cache;
                 float *ph = w.s + h * Mg * s.block_k + j;
                 if (c && c->i8) {  // P times the values' scales, against the stored integers
-                    scale_keys_i8(*c, true, it.b, it.g + h, j0 + j, step, ph, 0, Mg, s.block_k);
+                    I8::scale_keys_i8(*c, true, it.b, it.g + h, j0 + j, step, ph, 0, Mg, s.block_k);
                     const typename DirectTiles<Arch>::Columns cols_of{NR, NR, c->v_panel};
                     // After the tile's last V, the next tile's first K (if any).
                     const int8_t *here = c->v_panels_i8(it.b, it.g + h, j0 + j);
@@ -530,7 +358,7 @@ struct FusedAttention {
         } else {
             scores(cols - first, kp + first * D, sp + first);
             if (s.kv_cache)
-                scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0 + first, cols - first, sp + first, 0, r1 - r0, s.block_k);
+                I8::scale_keys_i8(*s.kv_cache, false, it.b, it.g, j0 + first, cols - first, sp + first, 0, r1 - r0, s.block_k);
         }
         mask_rows(s, it, r0, r1, rows_per_head, j0, first, cols, sp);
         return cols;
@@ -547,8 +375,8 @@ struct FusedAttention {
             const int64_t i = it.i0 + r % rows_per_head;
             float *row = sp + (r - r0) * s.block_k + first;
             if (modified)
-                modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0 + first, n - first, row);
-            apply_masks(s, it.b, i, j0 + first, n - first, row);
+                Mods::modify_scores(s, it.g * s.group() + r / rows_per_head, s.q_pos(it.b, i), j0 + first, n - first, row);
+            Mods::apply_masks(s, it.b, i, j0 + first, n - first, row);
         }
     }
 
@@ -778,7 +606,7 @@ struct FusedAttention {
                 float *sp = w.s + first;
                 Rows::online_fold(r1 - r0, cols - first, sp, s.block_k, m + r0, l + r0, acc + r0 * Dv, Dv, Dv);
                 if (s.kv_cache && s.kv_cache->i8)
-                    scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
+                    I8::scale_keys_i8(*s.kv_cache, true, it.b, it.g, j0 + first, cols - first, sp, 0, r1 - r0, s.block_k);
                 const float beta = !lazy || written & bit(p) ? 1.0f : 0.0f;
                 // A pending V tile is copied by the panels' P V as they read V in place: each panel
                 // that sees keys past the rows copied so far (all of them at once without a causal
