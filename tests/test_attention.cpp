@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "attention/attention_shape.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "mha/attention.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
@@ -278,6 +279,37 @@ TEST_CASE("Q packed in panels for blocks that walk three key tiles or more: the 
             attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), packed.data());
             const Result in_place = run(rt, c, d);  // with weights
             CHECK(test::same_bits(packed, in_place.out));
+        }
+    }
+}
+
+TEST_CASE("K^T's pack: both register transposes (shuffles, inserts) give the same bits, every ISA") {
+    // The transposing pack (gemm/sgemm_pack.hpp) takes the process's register transpose
+    // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
+    // floats. kCases' head dims lie below, at and past a 16- and an 8-deep block (3 to 65), and
+    // their keys cut the panels anywhere; two more cases take whole blocks and many rows.
+    struct Restore {
+        mha::gemm::TransposeVariant v = mha::gemm::transpose_variant();
+        ~Restore() { mha::gemm::set_transpose_variant(v); }
+    } restore;
+    const Case extra[] = {{"H8 D128, keys past a panel", 1, 20, 70, 8, 8, 128, 128},
+                          {"D40, causal, several tiles", 2, 30, 300, 2, 2, 40, 24, true}};
+    std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+    cases.insert(cases.end(), std::begin(extra), std::end(extra));
+    for (const auto &o : runtimes(1)) {
+        Runtime rt(o);
+        for (const auto &c : cases) {
+            CAPTURE(std::string(isa_name(*o.isa)));
+            CAPTURE(o.tiles.has_value());
+            CAPTURE(c.what);
+            Data d = make(c, 31);
+            std::vector<float> out[2];
+            for (int v = 0; v < 2; ++v) {
+                mha::gemm::set_transpose_variant(v ? mha::gemm::TransposeVariant::inserts : mha::gemm::TransposeVariant::shuffles);
+                out[v].assign(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), test::kSentinel);
+                attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), out[v].data());
+            }
+            CHECK(test::same_bits(out[0], out[1]));
         }
     }
 }

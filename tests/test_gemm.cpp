@@ -241,6 +241,41 @@ TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) gi
     }
 }
 
+TEST_CASE("packing B^T and A^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
+    // The transposing pack (sgemm_pack.hpp: B^T's panels, A^T's strips) takes the process's
+    // register transpose (gemm/transpose_variant.hpp); both must move the same floats. Rows and
+    // columns that cut a 16 x 16 (8 x 8) block anywhere, depths below, at and past a block and past
+    // the small tiles' KC; NT, TN and TT; odd leading dimensions. Against double under each form,
+    // and the two results bit for bit.
+    struct Restore {
+        gemm::TransposeVariant v = gemm::transpose_variant();
+        ~Restore() { gemm::set_transpose_variant(v); }
+    } restore;
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
+            for (auto [ta, tb] : {std::pair{'N', 'T'}, {'T', 'N'}, {'T', 'T'}})
+                for (int64_t m : {29, 131})
+                    for (int64_t n : {7, 33, 70})
+                        for (int64_t k : {5, 16, 17, 45, 300}) {
+                            GemmCase g;
+                            g.ta = ta; g.tb = tb;
+                            g.m = m; g.n = n; g.k = k;
+                            g.pad_a = 3; g.pad_b = 1; g.pad_c = 2;
+                            g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
+                            std::vector<float> c[2];
+                            for (int v = 0; v < 2; ++v) {
+                                gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
+                                c[v] = check_gemm(rt, g);
+                            }
+                            CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
+                        }
+        }
+    }
+}
+
 TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {
     const int64_t primes[] = {2, 3, 5, 13, 31, 61, 67, 127, 131, 193, 257, 293};
     for (const auto *uk : host_kernels()) {

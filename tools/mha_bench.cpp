@@ -860,7 +860,7 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("\n");
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
-    std::printf("mha: the few-rows GEMM's transposes: %s (MHA_TRANSPOSE)\n",
+    std::printf("mha: the register transposes (few-rows GEMM, packs): %s (MHA_TRANSPOSE)\n",
                 gemm::transpose_variant_name(gemm::transpose_variant()));
     print_machine(ctx);
     std::string suite;

@@ -7,6 +7,7 @@
 
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/transpose.hpp"
+#include "gemm/transpose_variant.hpp"
 
 namespace mha::gemm {
 namespace {
@@ -65,8 +66,10 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
         // against all the rows of a panel a block at a time, two blocks ahead (K^T's packing
         // stalled on its 32 prefetches), K and V from L3, the same bits: attention L128 D128
         // +1.5-2.3%, causal +2%, D64 +0.5-1.3%, L512 level to +1%; GEMM NT and TN level.
+        // The blocks go through the register transpose the process chose (transpose_variant.hpp).
         constexpr int L = Transpose<Arch>::L;
         const int64_t blocks = kc / L, whole = blocks * L;
+        const bool inserts = transpose_variant() == TransposeVariant::inserts;
         for (int64_t x0 = 0; x0 < count; x0 += W) {
             const int64_t w = count - x0 < W ? count - x0 : W;
             float *panel = out + x0 * ld;
@@ -77,7 +80,7 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
                     const int64_t nx = b + 1 < blocks ? x0 + xg : next_group, np = b + 1 < blocks ? (b + 1) * L : 0;
                     for (int64_t x = nx, end = nx + L < count ? nx + L : count; x < end; ++x)
                         __builtin_prefetch(src + x * sx + np);
-                    Transpose<Arch>::block(src + (x0 + xg) * sx + b * L, sx, g, panel + b * L * W + xg, W);
+                    Transpose<Arch>::block(src + (x0 + xg) * sx + b * L, sx, g, panel + b * L * W + xg, W, inserts);
                 }
             }
             for (int64_t x = 0; x < w; ++x)

@@ -19,10 +19,14 @@ template <>
 struct Transpose<xsimd::avx512f> {
     static constexpr int L = 16;
     // Reads rows [0, g) of src (row stride ld, 16 floats each; rows past g read as zero) and
-    // writes, for t in [0, 16), lanes [0, g) of column t to dst + t * dst_ld.
-    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
+    // writes, for t in [0, 16), lanes [0, g) of column t to dst + t * dst_ld. inserts: through
+    // columns_by_inserts, else columns (the same floats; see transpose_variant.hpp).
+    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld, bool inserts) {
         __m512 r[16];
-        columns(src, ld, g, r);
+        if (inserts)
+            columns_by_inserts(src, ld, g, r);
+        else
+            columns(src, ld, g, r);
         const __mmask16 mask = static_cast<__mmask16>((1u << g) - 1u);
         for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + i * dst_ld, mask, r[i]);
     }
@@ -86,10 +90,14 @@ struct Transpose<xsimd::fma3<xsimd::avx2>> {
     static constexpr int L = 8;
     // Reads rows [0, g) of src (row stride ld, 8 floats each) and writes column t (t in [0, 8)) to
     // dst + t * dst_ld: lanes [0, g) from the rows, lanes [g, min(dst_ld, 8)) as zeros (the caller's
-    // panel padding). Unlike the AVX-512 block it writes those padding lanes.
-    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld) {
+    // panel padding). Unlike the AVX-512 block it writes those padding lanes. inserts: as the
+    // AVX-512 block.
+    static void block(const float *src, int64_t ld, int g, float *dst, int64_t dst_ld, bool inserts) {
         __m256 t[8];
-        columns(src, ld, g, t);
+        if (inserts)
+            columns_by_inserts(src, ld, g, t);
+        else
+            columns(src, ld, g, t);
         // Masked stores are microcoded on AMD (Zen 3: packing A for the 6-row kernel took 7% of an
         // L = 128 attention in them), so each column is stored whole, lanes from g on as the zeros
         // they hold, in column order: with dst_ld < 8 a store runs into the next columns, which

@@ -1,5 +1,6 @@
 // Which register transpose the few-rows path against B^T (sgemm_bt_rows.hpp: 5 to 9 rows on
-// AVX-512, 5 to 8 on AVX2) transposes B^T's blocks with. Both forms give the same registers (a
+// AVX-512, 5 to 8 on AVX2) and the transposing packs (sgemm_pack.hpp: B^T's panels, A^T's strips,
+// the attention's K^T) transpose their blocks with. Both forms give the same registers (a
 // transpose moves floats, it computes nothing); they differ in which execution ports they load.
 //   shuffles (Transpose::columns): a load per row, then log2(L) rounds of L shuffles (in-lane
 //             unpacks, then the 128-bit lanes exchanged): 64 shuffles a 16 x 16 block on AVX-512,
@@ -15,11 +16,13 @@
 // rows 1.36-1.38x -> 1.12-1.15x dnnl_sgemm) and 15-20% slower as a packing transpose. So AMD's
 // cores (AMD's and Hygon's) keep the shuffles and every other x86 takes the inserts (Zen 3 and
 // Zen 4, unmeasured, keep Zen 5's choice). The packing's transposes (K^T in attention, B^T and
-// A^T in the GEMM) stay on the shuffles everywhere: there the source comes from L2 or farther,
-// the loads pace the pack, and the inserts measured level or slower on this Xeon (2048x2048x64
-// NT 0.991x, 4096x1536x512 NT 0.996x, 1024^3 TN 0.999x, attention L128-L512 H8 D64/D128
-// 0.993-1.008x; medians of 15-61 interleaved rounds). MHA_TRANSPOSE=shuffles|inserts overrides
-// the choice for the process (read when a Runtime is made; a value that is neither is refused).
+// A^T in the GEMM) take the same choice. They had measured level or slower with the inserts on
+// this Xeon (2048x2048x64 NT 0.991x, 4096x1536x512 NT 0.996x, 1024^3 TN 0.999x, attention
+// L128-L512 H8 D64/D128 0.993-1.008x) while the pack stalled on its prefetches; once it walked 16
+// rows at a time through the depth (model-207 Xeon, 2026-11-27, 1 thread, inserts against
+// shuffles, the same bits): attention L128 H8 D128 1.022-1.036x, D64 1.040-1.054x, causal 1.011x,
+// B8 L128 D64 1.034x, L512 level; GEMM NT and TN level to +0.7%; AVX2 level. MHA_TRANSPOSE=
+// shuffles|inserts overrides the choice for the process (read when a Runtime is made; a value that is neither is refused).
 #pragma once
 
 #include <atomic>

@@ -156,8 +156,9 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     if (const char *env = std::getenv("MHA_PARALLEL_ALWAYS"); env && std::string(env) == "1")
         s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
     if (const char *env = std::getenv("MHA_POISON_SCRATCH"); env && std::string(env) == "1") s.pool.poison = true;
-    // MHA_TRANSPOSE: the register transpose of the GEMM's few-rows path against B^T, for the whole
-    // process (see gemm/transpose_variant.hpp); both give the same bits.
+    // MHA_TRANSPOSE: the register transpose of the GEMM's few-rows path against B^T and of the
+    // transposing packs, for the whole process (see gemm/transpose_variant.hpp); both give the same
+    // bits.
     gemm::apply_transpose_env();
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
