@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "attention/attention_shape.hpp"
-#include "gemm/transpose_variant.hpp"
 #include "mha/attention.hpp"
 #include "mha/mha.h"
 #include "reference.hpp"
@@ -288,10 +287,7 @@ TEST_CASE("K^T's pack: both register transposes (shuffles, inserts) give the sam
     // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
     // floats. kCases' head dims lie below, at and past a 16- and an 8-deep block (3 to 65), and
     // their keys cut the panels anywhere; two more cases take whole blocks and many rows.
-    struct Restore {
-        mha::gemm::TransposeVariant v = mha::gemm::transpose_variant();
-        ~Restore() { mha::gemm::set_transpose_variant(v); }
-    } restore;
+    const test::RestoreTranspose restore;
     const Case extra[] = {{"H8 D128, keys past a panel", 1, 20, 70, 8, 8, 128, 128},
                           {"D40, causal, several tiles", 2, 30, 300, 2, 2, 40, 24, true}};
     std::vector<Case> cases(std::begin(kCases), std::end(kCases));

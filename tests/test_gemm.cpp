@@ -91,6 +91,30 @@ int64_t differing(const std::vector<float> &x, const std::vector<float> &y, int6
     return count;
 }
 
+// fn(rt, small) for every kernel the host runs, on the small tiles and on the defaults.
+template <class Fn>
+void on_every_kernel_and_tiling(const Fn &fn) {
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false}) {
+            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
+            fn(rt, small);
+        }
+    }
+}
+
+// check_gemm under each register transpose (shuffles, then inserts: gemm/transpose_variant.hpp),
+// and the two results bit for bit.
+void check_both_transposes(Runtime &rt, const GemmCase &g, bool small) {
+    std::vector<float> c[2];
+    for (int v = 0; v < 2; ++v) {
+        gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
+        c[v] = check_gemm(rt, g);
+    }
+    CHECK_MESSAGE(differing(c[0], c[1], g.m, g.n, g.n + g.pad_c) == 0, describe(g), " small=", small);
+}
+
 } // namespace
 
 TEST_CASE("the host runs at least one kernel, and every ISA it supports has a default") {
@@ -211,34 +235,21 @@ TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) gi
     // holds 1, 3, 4, 7, 10, 13 or 15 of a 16 x 16 block's rows (1-7 of an 8 x 8 one) or all of
     // them; depths below, at and past a block; beta 0 and 1; an odd ldb; small and default tiles.
     // Against double under each form, and the two results bit for bit.
-    struct Restore {
-        gemm::TransposeVariant v = gemm::transpose_variant();
-        ~Restore() { gemm::set_transpose_variant(v); }
-    } restore;
-    for (const auto *uk : host_kernels()) {
-        const std::string kernel_name = uk->name;
-        CAPTURE(kernel_name);
-        for (bool small : {true, false}) {
-            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
-            for (int64_t m = 1; m <= 10; ++m)
-                for (int64_t n : {1, 7, 15, 16, 17, 19, 26, 29, 33, 100})
-                    for (int64_t k : {1, 15, 16, 17, 40})
-                        for (float beta : {0.0f, 1.0f}) {
-                            GemmCase g;
-                            g.tb = 'T';
-                            g.m = m; g.n = n; g.k = k; g.beta = beta;
-                            g.pad_b = 3; g.pad_c = 1;
-                            g.nan_in_c = beta == 0.0f;
-                            g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
-                            std::vector<float> c[2];
-                            for (int v = 0; v < 2; ++v) {
-                                gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
-                                c[v] = check_gemm(rt, g);
-                            }
-                            CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
-                        }
-        }
-    }
+    const test::RestoreTranspose restore;
+    on_every_kernel_and_tiling([](Runtime &rt, bool small) {
+        for (int64_t m = 1; m <= 10; ++m)
+            for (int64_t n : {1, 7, 15, 16, 17, 19, 26, 29, 33, 100})
+                for (int64_t k : {1, 15, 16, 17, 40})
+                    for (float beta : {0.0f, 1.0f}) {
+                        GemmCase g;
+                        g.tb = 'T';
+                        g.m = m; g.n = n; g.k = k; g.beta = beta;
+                        g.pad_b = 3; g.pad_c = 1;
+                        g.nan_in_c = beta == 0.0f;
+                        g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
+                        check_both_transposes(rt, g, small);
+                    }
+    });
 }
 
 TEST_CASE("packing B^T and A^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
@@ -247,33 +258,20 @@ TEST_CASE("packing B^T and A^T: both register transposes (shuffles, inserts) giv
     // columns that cut a 16 x 16 (8 x 8) block anywhere, depths below, at and past a block and past
     // the small tiles' KC; NT, TN and TT; odd leading dimensions. Against double under each form,
     // and the two results bit for bit.
-    struct Restore {
-        gemm::TransposeVariant v = gemm::transpose_variant();
-        ~Restore() { gemm::set_transpose_variant(v); }
-    } restore;
-    for (const auto *uk : host_kernels()) {
-        const std::string kernel_name = uk->name;
-        CAPTURE(kernel_name);
-        for (bool small : {true, false}) {
-            Runtime rt(small ? small_tiles(*uk) : default_tiles(*uk));
-            for (auto [ta, tb] : {std::pair{'N', 'T'}, {'T', 'N'}, {'T', 'T'}})
-                for (int64_t m : {29, 131})
-                    for (int64_t n : {7, 33, 70})
-                        for (int64_t k : {5, 16, 17, 45, 300}) {
-                            GemmCase g;
-                            g.ta = ta; g.tb = tb;
-                            g.m = m; g.n = n; g.k = k;
-                            g.pad_a = 3; g.pad_b = 1; g.pad_c = 2;
-                            g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
-                            std::vector<float> c[2];
-                            for (int v = 0; v < 2; ++v) {
-                                gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
-                                c[v] = check_gemm(rt, g);
-                            }
-                            CHECK_MESSAGE(differing(c[0], c[1], m, n, n + g.pad_c) == 0, describe(g), " small=", small);
-                        }
-        }
-    }
+    const test::RestoreTranspose restore;
+    on_every_kernel_and_tiling([](Runtime &rt, bool small) {
+        for (auto [ta, tb] : {std::pair{'N', 'T'}, {'T', 'N'}, {'T', 'T'}})
+            for (int64_t m : {29, 131})
+                for (int64_t n : {7, 33, 70})
+                    for (int64_t k : {5, 16, 17, 45, 300}) {
+                        GemmCase g;
+                        g.ta = ta; g.tb = tb;
+                        g.m = m; g.n = n; g.k = k;
+                        g.pad_a = 3; g.pad_b = 1; g.pad_c = 2;
+                        g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
+                        check_both_transposes(rt, g, small);
+                    }
+    });
 }
 
 TEST_CASE("primes up to about 300, padded leading dimensions, default tiles") {

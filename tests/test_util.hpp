@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "gemm/transpose_variant.hpp"
 #include "mha/layer.hpp"
 #include "mha/runtime.hpp"
 
@@ -60,5 +61,12 @@ inline LayerConfig layer_config(int64_t E, int64_t H, int64_t Hkv = 0, int64_t h
 
 // A value no kernel produces from the test inputs, written into padding to catch stray writes.
 constexpr float kSentinel = -12345.75f;
+
+// Puts back the process's register transpose (gemm/transpose_variant.hpp) when a test that
+// switches it ends.
+struct RestoreTranspose {
+    gemm::TransposeVariant v = gemm::transpose_variant();
+    ~RestoreTranspose() { gemm::set_transpose_variant(v); }
+};
 
 } // namespace mha::test
