@@ -102,8 +102,6 @@ struct FusedAttention {
     static constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     static constexpr int NR = NV * W;
     using Rows = softmax_detail::RowKernels<Arch>;
-    using V = xsimd::batch<float, Arch>;
-    using Tail = softmax_detail::Partial<Arch>;
     static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
     using Mods = ScoreModifiers<Arch>;

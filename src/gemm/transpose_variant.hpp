@@ -21,8 +21,9 @@
 // L128-L512 H8 D64/D128 0.993-1.008x) while the pack stalled on its prefetches; once it walked 16
 // rows at a time through the depth (model-207 Xeon, 2026-11-27, 1 thread, inserts against
 // shuffles, the same bits): attention L128 H8 D128 1.022-1.036x, D64 1.040-1.054x, causal 1.011x,
-// B8 L128 D64 1.034x, L512 level; GEMM NT and TN level to +0.7%; AVX2 level. MHA_TRANSPOSE=
-// shuffles|inserts overrides the choice for the process (read when a Runtime is made; a value that is neither is refused).
+// B8 L128 D64 1.034x, L512 level; GEMM NT and TN level to +0.7%; AVX2 level.
+// MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read when a Runtime is
+// made; a value that is neither is refused).
 #pragma once
 
 #include <atomic>
