@@ -86,6 +86,9 @@ void print_machine(const Context &ctx);
 void measure(const Context &ctx, Row r, double work, const std::function<void()> &ours,
              const std::vector<Anchor> &anchors, std::vector<Row> &rows);
 
+// Whether the row named `row` ("suite/name/shape") runs: there is no filter, or it matches.
+bool selected(const std::regex *filter, const std::string &row);
+
 // The median of v (of an even count, the upper of the middle two).
 double median_of(std::vector<double> v);
 

@@ -99,4 +99,6 @@ double median_of(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+bool selected(const std::regex *filter, const std::string &row) { return !filter || std::regex_search(row, *filter); }
+
 } // namespace mha::bench_tool

@@ -20,10 +20,10 @@ namespace mha::bench_tool {
 void suite_encoder(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     std::vector<bench::EncoderShape> shapes;
     for (const auto &s : bench::encoder_shapes())
-        if ((!ctx.opt.quick || s.quick) && (!filter || std::regex_search("encoder/forward/" + s.str(), *filter)))
+        if ((!ctx.opt.quick || s.quick) && selected(filter, "encoder/forward/" + s.str()))
             shapes.push_back(s);
     const bench::LayerShape an = bench::encoder_shapes().front().attention();  // B8 L128 E512 H8
-    const bool add_norm = !filter || std::regex_search("encoder/add&norm/" + an.str(), *filter);
+    const bool add_norm = selected(filter, "encoder/add&norm/" + an.str());
     for (int threads : ctx.opt.threads) {
         std::unique_ptr<bench::TorchAnchor> torch;
         if (!shapes.empty()) {

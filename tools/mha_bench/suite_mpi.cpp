@@ -60,7 +60,7 @@ int run_mpi_suite(const Context &ctx, const std::regex *filter) {
     std::vector<Row> rows;
     for (const auto &s : shapes) {
         const std::string shape = s.str() + " np" + std::to_string(size);
-        if ((ctx.opt.quick && !s.quick) || (filter && !std::regex_search("mpi/forward/" + shape, *filter))) continue;
+        if ((ctx.opt.quick && !s.quick) || !selected(filter, "mpi/forward/" + shape)) continue;
         for (int threads : threads_list) {
             if (rank == 0) std::fprintf(stderr, "mpi %s threads=%d\n", shape.c_str(), threads);
             Runtime rt(RuntimeOptions{threads, {}, {}, {}});

@@ -48,7 +48,7 @@ void serving_prefill(Context &ctx, const std::regex *filter, std::vector<Row> &r
     for (const auto &h : bench::serving_prefill_heads()) {
         if (ctx.opt.quick && !h.quick) continue;
         const std::string shape = "mix" + std::to_string(S) + " T" + std::to_string(T) + " " + h.str() + " causal";
-        if (filter && !std::regex_search("serving/prefill/" + shape, *filter)) continue;
+        if (!selected(filter, "serving/prefill/" + shape)) continue;
         const int64_t H = h.heads, Hkv = h.kv_heads, D = h.dim, qrow = H * D, kvrow = Hkv * D;
         std::vector<float> q(static_cast<size_t>(T * qrow)), k(static_cast<size_t>(T * kvrow)), v(k.size()),
             out(q.size()), out_seq(q.size());
@@ -117,7 +117,7 @@ void serving_prefill(Context &ctx, const std::regex *filter, std::vector<Row> &r
 // repetition reads the same L tokens.
 void serving_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     const bench::DecodeShape s = {16, 4096, 32, 8, 128, true};
-    if (filter && !std::regex_search("serving/decode/" + s.str(), *filter)) return;
+    if (!selected(filter, "serving/decode/" + s.str())) return;
     const int64_t B = s.batch, L = s.kv_len, H = s.heads, Hkv = s.kv_heads, D = s.dim, kvrow = Hkv * D;
     std::vector<float> q(static_cast<size_t>(B * H * D)), k(static_cast<size_t>(B * L * kvrow)), v(k.size()),
         out(q.size()), out_dense(q.size());
@@ -165,7 +165,7 @@ void serving_decode(Context &ctx, const std::regex *filter, std::vector<Row> &ro
 void serving_continuous(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     const bench::ContinuousShape &c = bench::serving_continuous_shape();
     if (ctx.opt.quick && !c.heads.quick) return;
-    if (filter && !std::regex_search("serving/continuous/" + c.str(), *filter)) return;
+    if (!selected(filter, "serving/continuous/" + c.str())) return;
     const int64_t H = c.heads.heads, Hkv = c.heads.kv_heads, D = c.heads.dim, qrow = H * D, kvrow = Hkv * D;
     const int64_t NP = c.prefills, ND = c.decodes, Lp = c.prefill_cached + c.chunk, Ld = c.decode_cached;
     const int64_t Tq = c.new_tokens(), pre_rows = NP * c.chunk;

@@ -22,7 +22,7 @@ void suite_threads(Context &ctx, const std::regex *filter, std::vector<Row> &row
     always.parallel_min_flops = always.parallel_min_elems = 0;
     Runtime rt_all(RuntimeOptions{threads, {}, always, {}});
     auto row = [&](const char *name, const std::string &shape, const char *unit, double work, auto call) {
-        if (filter && !std::regex_search(std::string("threads/") + name + "/" + shape, *filter)) return;
+        if (!selected(filter, std::string("threads/") + name + "/" + shape)) return;
         std::fprintf(stderr, "threads %s %s threads=%d\n", name, shape.c_str(), threads);
         measure(ctx, Row{"threads", name, shape, threads, 0, 0, unit, -1, {}}, work, [&] { call(rt); },
                 {{"1 thread", [&] { call(rt1); }, 1}, {"all threads", [&] { call(rt_all); }}}, rows);

@@ -15,7 +15,7 @@ namespace mha::bench_tool {
 // layer at B8 L128, the int8 cache in the serving decode shape, and head dims 64 to 256 at L 1024
 // (their share of the FMA probe).
 void suite_variants(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
-    auto wanted = [&](const std::string &name) { return !ctx.opt.quick && (!filter || std::regex_search(name, *filter)); };
+    auto wanted = [&](const std::string &name) { return !ctx.opt.quick && selected(filter, name); };
     auto fill = [](std::vector<float> &x, size_t n, uint64_t seed) {
         x.resize(n);
         bench::fill_hashed(x.data(), n, seed, 1.0f);

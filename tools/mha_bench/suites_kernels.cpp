@@ -15,7 +15,7 @@ void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) 
     for (const auto &s : bench::gemm_shapes()) {
         if (ctx.opt.quick && !s.quick) continue;
         const std::string name = s.label;
-        if (filter && !std::regex_search("gemm/" + name + "/" + s.str(), *filter)) continue;
+        if (!selected(filter, "gemm/" + name + "/" + s.str())) continue;
         std::vector<float> a(static_cast<size_t>(s.m * s.k), 0.5f), b(static_cast<size_t>(s.k * s.n), 0.25f),
             c(static_cast<size_t>(s.m * s.n));
         const int64_t lda = s.ta == 'N' ? s.k : s.m, ldb = s.tb == 'N' ? s.n : s.k;
@@ -60,7 +60,7 @@ void suite_gemm(Context &ctx, const std::regex *filter, std::vector<Row> &rows) 
 void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     for (const auto &s : bench::softmax_shapes()) {
         if (ctx.opt.quick && !s.quick) continue;
-        if (filter && !std::regex_search("softmax/rows/" + s.str(), *filter)) continue;
+        if (!selected(filter, "softmax/rows/" + s.str())) continue;
         std::vector<float> x(static_cast<size_t>(s.rows * s.cols)), y(x.size());
         for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.1f - 5.0f;
         for (int threads : ctx.opt.threads) {
@@ -83,7 +83,7 @@ void suite_softmax(Context &ctx, const std::regex *filter, std::vector<Row> &row
 void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     for (const auto &s : bench::attention_shapes()) {
         if (ctx.opt.quick && !s.quick) continue;
-        if (filter && !std::regex_search("attention/fused/" + s.str(), *filter)) continue;
+        if (!selected(filter, "attention/fused/" + s.str())) continue;
         const size_t n = static_cast<size_t>(s.batch * s.len * s.heads * s.dim);
         std::vector<float> q(n), k(n), v(n), out(n), scores;
         for (size_t i = 0; i < n; ++i) {
@@ -127,7 +127,7 @@ void suite_attention(Context &ctx, const std::regex *filter, std::vector<Row> &r
 void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     for (const auto &s : bench::decode_shapes()) {
         if (ctx.opt.quick && !s.quick) continue;
-        if (filter && !std::regex_search("decode/fused/" + s.str(), *filter)) continue;
+        if (!selected(filter, "decode/fused/" + s.str())) continue;
         const int64_t B = s.batch, H = s.heads, Hkv = s.kv_heads, D = s.dim, L = s.kv_len;
         std::vector<float> q(static_cast<size_t>(B * H * D), 0.01f), k(static_cast<size_t>(B * L * Hkv * D), 0.02f),
             v(k.size(), 0.5f), out(q.size());
@@ -149,7 +149,7 @@ void suite_decode(Context &ctx, const std::regex *filter, std::vector<Row> &rows
 void suite_layer(Context &ctx, const std::regex *filter, std::vector<Row> &rows) {
     std::vector<bench::LayerShape> shapes;
     for (const auto &s : bench::layer_shapes())
-        if ((!ctx.opt.quick || s.quick) && (!filter || std::regex_search("layer/forward/" + s.str(), *filter)))
+        if ((!ctx.opt.quick || s.quick) && selected(filter, "layer/forward/" + s.str()))
             shapes.push_back(s);
     if (shapes.empty()) return;
     std::vector<std::string> torch_shapes;
