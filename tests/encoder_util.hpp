@@ -28,12 +28,14 @@
 #include "mha/layer.hpp"
 #include "mha/mha.h"
 #include "mha/serving.hpp"
+#include "check_close.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"
 
 namespace encoder_test {
 
 using namespace mha;
+using test::check_close;
 using test::random_floats;
 
 // ---- the double-precision reference -------------------------------------------------------------
@@ -130,24 +132,6 @@ inline std::vector<double> reference_encoder(const EncoderConfig &c, const Encod
 }
 
 // ---- helpers ----------------------------------------------------------------------------------------
-
-template <class A, class B>
-void check_close(const A &got, const B &want, double tol, const std::string &what) {
-    REQUIRE(got.size() == want.size());
-    double worst = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const double err = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])) /
-                           (1.0 + std::abs(static_cast<double>(want[i])));
-        if (!(err <= worst)) {
-            worst = err;
-            at = i;
-        }
-    }
-    INFO(what << ": worst error " << worst << " at " << at << " (got " << static_cast<double>(got[at]) << ", want "
-              << static_cast<double>(want[at]) << ")");
-    CHECK(worst <= tol);
-}
 
 // Against the double reference: |got - want| <= tol (1 + |want|). The float evaluation stays near 3e-7
 // on these shapes; the golden files are checked to 1e-4, as the issue asks.

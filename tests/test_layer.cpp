@@ -16,10 +16,12 @@
 #include "mha/layer.hpp"
 #include "mha/mha.h"
 #include "mha/serving.hpp"
+#include "check_close.hpp"
 #include "reference.hpp"
 #include "test_util.hpp"
 
 using namespace mha;
+using test::check_close;
 using test::random_floats;
 
 namespace {
@@ -88,23 +90,6 @@ std::vector<double> reference_layer(const LayerConfig &config, const LayerWeight
             out[static_cast<size_t>(t * c.embed_dim + e)] = s;
         }
     return out;
-}
-
-template <class A, class B>
-void check_close(const A &got, const B &want, double tol, const char *what) {
-    REQUIRE(got.size() == want.size());
-    double worst = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const double err = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])) /
-                           (1.0 + std::abs(static_cast<double>(want[i])));
-        if (!(err <= worst)) {
-            worst = err;
-            at = i;
-        }
-    }
-    INFO(std::string(what) << ": worst error " << worst << " at " << at);
-    CHECK(worst <= tol);
 }
 
 // Self-attention of B random sequences of L tokens through a layer with these weights, against the
