@@ -69,26 +69,22 @@ inline Setup tiles_setup(Isa isa, int64_t block_q, int64_t block_k, int64_t kv_c
             isa, t};
 }
 
-// Without a cache: the defaults and tiny tiles that put edges everywhere (as test_attention).
-inline std::vector<Setup> varlen_setups() {
+// Every ISA the host has, with the default tiles and with small ones (block_q / block_k / kv_chunk).
+inline std::vector<Setup> setups(int64_t block_q, int64_t block_k, int64_t kv_chunk) {
     std::vector<Setup> v;
     for (Isa isa : supported_isas()) {
         v.push_back(default_setup(isa));
-        v.push_back(tiles_setup(isa, 5, 7, 14));
+        v.push_back(tiles_setup(isa, block_q, block_k, kv_chunk));
     }
     return v;
 }
 
+// Without a cache: the defaults and tiny tiles that put edges everywhere (as test_attention).
+inline std::vector<Setup> varlen_setups() { return setups(5, 7, 14); }
+
 // With a cache: block_tokens must divide attn_block_k and be a multiple of NR, so the small tiles
 // keep attn_block_k = 64 (a multiple of every NR up to 64 ... 2 x 32, 4 x 16) with 2 key tiles per chunk.
-inline std::vector<Setup> cache_setups() {
-    std::vector<Setup> v;
-    for (Isa isa : supported_isas()) {
-        v.push_back(default_setup(isa));
-        v.push_back(tiles_setup(isa, 5, 64, 128));
-    }
-    return v;
-}
+inline std::vector<Setup> cache_setups() { return setups(5, 64, 128); }
 
 inline Setup best_default() { return default_setup(supported_isas().back()); }
 
