@@ -209,13 +209,10 @@ inline bool all_sentinel(const std::vector<float> &x, size_t from = 0) {
     return true;
 }
 
-// mha_attention on one sequence alone (batch 1, bottom-right causal as in every path).
-inline std::vector<float> dense(mha_runtime *rt, const Shape &s, int64_t Lq, int64_t Lk, bool causal, const float *q,
-                         const float *k, const float *v, float scale = 0) {
-    mha_attention_params p{};
-    p.batch = 1;
-    p.q_len = Lq;
-    p.kv_len = Lk;
+// The fields mha_attention_params and mha_varlen_params share: the heads, the scale, the mask and
+// the score modifiers.
+template <class Params>
+void set_heads(Params &p, const Shape &s, bool causal, float scale) {
     p.num_heads = s.H;
     p.num_kv_heads = s.Hkv;
     p.head_dim = s.D;
@@ -223,6 +220,16 @@ inline std::vector<float> dense(mha_runtime *rt, const Shape &s, int64_t Lq, int
     p.scale = scale;
     p.causal = causal;
     p.variant = g_variant;
+}
+
+// mha_attention on one sequence alone (batch 1, bottom-right causal as in every path).
+inline std::vector<float> dense(mha_runtime *rt, const Shape &s, int64_t Lq, int64_t Lk, bool causal, const float *q,
+                         const float *k, const float *v, float scale = 0) {
+    mha_attention_params p{};
+    p.batch = 1;
+    p.q_len = Lq;
+    p.kv_len = Lk;
+    set_heads(p, s, causal, scale);
     std::vector<float> out(sz(Lq * s.o_row()), test::kSentinel);
     const mha_status st = mha_attention(rt, &p, q, k, v, out.data());
     REQUIRE_MESSAGE(st == MHA_OK, mha_last_error());
@@ -249,13 +256,7 @@ struct Ragged {
         p.num_seqs = num_seqs();
         p.q_offsets = qo.data();
         p.kv_offsets = ko.data();
-        p.num_heads = s.H;
-        p.num_kv_heads = s.Hkv;
-        p.head_dim = s.D;
-        p.value_dim = s.Dv;
-        p.scale = scale;
-        p.causal = causal;
-        p.variant = g_variant;
+        set_heads(p, s, causal, scale);
         return p;
     }
     // Runs it; out gets total_q rows (plus whatever tail the caller put past them).
