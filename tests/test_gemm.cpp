@@ -396,6 +396,66 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
+TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the threads, the bits of one thread") {
+    // Up to MR rows on more than one thread, each thread takes a share of B's columns (NR at a
+    // time) over the whole depth on the one-thread path (sgemm's on_threads), for stored B and
+    // packed B alike; whether B comes from memory (the chain, the chunks) is still judged on the
+    // whole B. Rows 1, 2, the lanes' few-rows path's last (9 or 8) and MR; every transpose; widths
+    // that leave each thread's share, and the last, cut by an edge; one depth block or several
+    // (and, on the defaults, a B past 2 KC x NC, whose halves are not); padded leading dimensions.
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false}) {
+            Runtime r1(small ? small_tiles(*uk, 1) : default_tiles(*uk, 1));
+            Runtime r2(small ? small_tiles(*uk, 2) : default_tiles(*uk, 2));
+            Runtime r3(small ? small_tiles(*uk, 3) : default_tiles(*uk, 3));
+            const TileConfig &t = r1.tiles();
+            const int64_t past = (2 * t.kc * t.nc + 999) / 1000 + 5;  // k for 1000 columns past 2 KC x NC
+            const std::vector<std::pair<int64_t, int64_t>> shapes =
+                small ? std::vector<std::pair<int64_t, int64_t>>{{3 * uk->nr + 5, 45}, {1000, 333}}
+                      : std::vector<std::pair<int64_t, int64_t>>{{3 * uk->nr + 5, 7}, {1000, past}};
+            for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{uk->lanes == 16 ? 9 : 8}, static_cast<int64_t>(uk->mr)})
+                for (auto [n, k] : shapes)
+                    for (auto [ta, tb] : {std::pair{'N', 'N'}, {'N', 'T'}, {'T', 'N'}, {'T', 'T'}}) {
+                        GemmCase g;
+                        g.ta = ta; g.tb = tb; g.m = m; g.n = n; g.k = k;
+                        g.alpha = n == 1000 ? 1.0f : 0.5f;
+                        g.beta = n == 1000 ? 0.0f : 1.0f;
+                        g.pad_a = 1; g.pad_b = 3; g.pad_c = 2;
+                        g.seed = static_cast<uint32_t>(m * 131 + n + k);
+                        const auto c1 = check_gemm(r1, g), c2 = check_gemm(r2, g), c3 = check_gemm(r3, g);
+                        CHECK_MESSAGE(differing(c1, c2, m, n, n + 2) == 0, describe(g), " small=", small, " 2 threads");
+                        CHECK_MESSAGE(differing(c1, c3, m, n, n + 2) == 0, describe(g), " small=", small, " 3 threads");
+                        if (ta != 'N') continue;
+                        // Packed B, through the public call and the layer's (with a column offset).
+                        const int64_t ldb = tb == 'N' ? n + 3 : k + 3, ldc = n + 2;
+                        const auto a = test::random_floats(static_cast<size_t>(m * (k + 1)), g.seed);
+                        const auto b = test::random_floats(static_cast<size_t>((tb == 'N' ? k : n) * ldb), g.seed + 7);
+                        std::vector<float> out[3];
+                        Runtime *rts[3] = {&r1, &r2, &r3};
+                        for (int r = 0; r < 3; ++r) {
+                            const SgemmPackedB pb(*rts[r], static_cast<Trans>(tb), k, n, b.data(), ldb);
+                            out[r].assign(static_cast<size_t>(m * ldc), 0.0f);
+                            sgemm(*rts[r], Trans::N, m, 1.0f, a.data(), k + 1, pb, 0.0f, out[r].data(), ldc);
+                            const int64_t j0 = uk->nr, cols = n - j0;
+                            std::vector<float> part(static_cast<size_t>(m * ldc), 0.0f);
+                            gemm::sgemm_prepacked(rts[r]->state(), m, cols, a.data(), k + 1, pb.packed(), j0, nullptr,
+                                                  part.data(), ldc);
+                            // Columns [j0, n) of the whole product, moved to the left as the offset call writes them.
+                            std::vector<float> shifted(static_cast<size_t>(m * ldc), 0.0f);
+                            for (int64_t i = 0; i < m; ++i)
+                                std::copy_n(out[r].begin() + i * ldc + j0, cols, shifted.begin() + i * ldc);
+                            CHECK_MESSAGE(differing(shifted, part, m, cols, ldc) == 0, describe(g), " packed, from column ", j0,
+                                          ", ", r + 1, " threads");
+                        }
+                        CHECK_MESSAGE(differing(out[0], out[1], m, n, ldc) == 0, describe(g), " packed, 2 threads");
+                        CHECK_MESSAGE(differing(out[0], out[2], m, n, ldc) == 0, describe(g), " packed, 3 threads");
+                    }
+        }
+    }
+}
+
 // Found in review: with alpha != 1 and beta not 0, a tile cut by the right edge that went through
 // a local buffer rounded alpha x sum and beta x C apart (two roundings) where a whole or narrow
 // tile's microkernel fuses them (one), so an edge column W wide (n % NR == W) had other bits on the

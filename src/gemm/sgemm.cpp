@@ -83,11 +83,12 @@ void parallel_chunks(int64_t count, int64_t chunks, const Fn &fn) {
 // A (vector loads; each thread packs its own block into its L2).
 // Threads split the JC/IC work, never PC, so every element of C sums its products in the same
 // order for any thread count.
-void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
-                  Prepacked pre = {}, bool one_thread = false) {
+// T: the threads it runs on (product_threads).
+void sgemm_packed(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
+                  Prepacked pre = {}) {
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, NR = uk.nr, T = one_thread ? 1 : s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr, NR = uk.nr;
     const int64_t kc_blk = pre.b ? pre.b->kc : depth_block(t, k), kc_max = std::min(k, kc_blk);
     // Row blocks of equal height too (a multiple of MR), so no block is a sliver: m = 4096 with
     // MC = 4092 would pack every B block a second time for 4 rows.
@@ -142,7 +143,7 @@ void sgemm_packed(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, O
                 const int64_t ir0 = item % row_split * ir_per, ir1 = std::min(n_ir, ir0 + ir_per);
                 if (ir0 >= ir1) return;
                 const float *bp = pre.b ? pre.b->block(pc, pre.j0 + jc) : nullptr;
-                // On one thread the call may run outside the arena (see in_arena): slot 0.
+                // On one thread the call may run outside the arena (see on_threads): slot 0.
                 const int64_t slot = T == 1 ? 0 : RuntimeState::this_thread_slot();
                 if (!bp) {
                     float *own = b_packs + slot * b_size;
@@ -187,10 +188,13 @@ int64_t chunked_rows(const SgemmKernel &uk, bool one_thread) {
 // memory on every call: the chunks pay only there (see sgemm_sup).
 bool b_past_block(const TileConfig &t, int64_t n, int64_t k) { return k * n >= t.kc * t.nc; }
 
-void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c) {
+// n_b: the whole B's width, of which these n columns are a share (on_threads): whether B comes from
+// memory is the whole B's matter.
+void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Operand a, Operand b, Output c,
+               int64_t n_b) {
     const SgemmKernel &uk = *s.sgemm;
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, NR = uk.nr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr, NR = uk.nr;
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
     // The kc x NC block of B takes the packed path's B footprint (KC x NC, half of L2).
     int64_t nc_blk = std::clamp(t.nc * t.kc / kc_max / NR * NR, NR, round_up(n, NR));
@@ -214,7 +218,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     // On Intel's cores, one to a few rows against a B from memory gain by the chain at any stride
     // (TileConfig::sup_chain_rows; see tile_config.cpp).
     constexpr int64_t chain_depth = 8, chain_bytes = 16 << 10;
-    const bool any_stride = m <= t.sup_chain_rows && k * n >= 2 * t.kc * t.nc;
+    const bool any_stride = m <= t.sup_chain_rows && k * n_b >= 2 * t.kc * t.nc;
     const bool chained = b_in_place && m <= uk.chain_rows && kc_max > chain_depth && (b.rs % 1024 == 0 || any_stride);
     if (chained) nc_blk = std::clamp(chain_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t ld_chain = chained ? round_up(nc_blk, NR) : 0;
@@ -254,7 +258,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
     const int64_t chunk_depth = chunk_cols >= n ? 2 * chunk_min_depth : chunk_min_depth;
     const bool chunked = b_in_place && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
                          kc_max > chunk_min_depth &&
-                         (b_past_block(t, n, k) || (uk.lanes == 16 && m <= 16) || kc_max <= 2 * chunk_depth);
+                         (b_past_block(t, n_b, k) || (uk.lanes == 16 && m <= 16) || kc_max <= 2 * chunk_depth);
     if (chunked) nc_blk = chunk_cols;
     // Four strips or more that take B tile by tile where its rows lie a multiple of 4 KiB apart
     // (a B under the packed block, in L2 from call to call) pack each block of it first: in place,
@@ -396,7 +400,7 @@ void sgemm_sup(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Oper
 // 1.16x. Left here (the usual path's ratio): 16x64x64 0.94x (AVX2 0.92x), 16^3 0.86x, 32x128x64
 // 0.92x, AVX2's 32x1536x64 0.92x, 64x256x256 0.93x; and, where the rule is coarse, 64x1536x64
 // 1.09x and 64x64x128 1.12x.
-bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const Output &c) {
+bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Operand a, Operand b, const Output &c) {
     const SgemmKernel &uk = *s.sgemm;
     // Past NR rows a second panel, so a second pass over B^T: only when its lanes are all used.
     const bool two_full = m - uk.nr == uk.lanes || m == 2 * uk.nr;
@@ -405,7 +409,7 @@ bool sgemm_bt(RuntimeState &s, int64_t m, int64_t n, int64_t k, Operand a, Opera
     auto b_at_most = [&](int64_t floats) { return n <= floats && k <= floats && n * k <= floats; };  // (no overflow)
     if (!rows_path && m != uk.lanes && (b_at_most(64 * 64) || (m > uk.nr && k <= 64 && b_at_most(32 * 1024)))) return false;
     const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr, T = s.threads_for(2.0 * m * n * k, t.parallel_min_flops);
+    const int64_t MR = uk.mr;
     // A^T's panels: NR wide past the lanes, else one of the lanes; a second one (full) past NR rows.
     struct Panel {
         int64_t row = 0, rows = 0, width = 0;
@@ -513,12 +517,55 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     return p;
 }
 
-// Runs fn in the runtime's arena when the work pays for more than one thread; else right here on
-// the calling thread, which saves entering the arena (several microseconds on a call of a few).
+// How many of the arena's threads a product of m x n x k pays for (RuntimeState::threads_for): its
+// multiply-adds, 2 m n k FLOPs, or, for a B larger than the packed block (KC x NC, half of L2),
+// which comes from past L2 on every call, the time of its stream, kStreamFlops FLOPs a float of B.
+// A few rows do little arithmetic on each float they read, and a second core doubles the stream.
+// On the Xeon (model 207) one core takes B's lines at 25-30 GB/s, the time of about 25 FLOPs at
+// its FMA peak a float (1x1536x512 NT: 110-130 us on one thread, where its 1.6 MFLOP take 9 us),
+// so from 3/4 of a million floats of B (2.7 MiB) a product of one row takes a second thread, as
+// 8 MFLOP a thread do.
+// stream_splits: whether each thread's share of B's columns is a stretch of memory of its own
+// (B^T's rows, or the packed panels). A B not transposed has every row cut between the threads;
+// there a second thread lost as often as it gained at these sizes, so such a B counts its
+// multiply-adds only.
+// Xeon (model 207), 2 threads against 1 (the flops' count alone), in one process, alternating
+// calls, the same bits; back to back / after a 32 MiB pass on the calling thread / after 300 us of
+// spinning (the worker asleep): 1x1536x512 NT 1.34-1.70x / 0.83-1.26x / 1.17-1.21x, packed
+// 1.40-2.02x / 1.22-1.28x / 0.82-1.12x, 2x1024x1024 NT 1.89x / 1.44x / 1.53x; the suite's rows
+// (mha-bench, 2 threads against 1): 1x1536x512 NT 1.23x, 8x1536x512 NT 1.46x, packed 1x1536x512
+// 1.68x. Below the threshold, 1x768x768 packed 0.78-1.17x and 1x512x512 0.59x (waking the worker
+// costs 30-50 us in this guest). B not transposed, 1 row: 1x1536x512 0.75-1.50x, 1x1536x1024
+// 0.75-1.14x, 4x1536x512 0.78-1.37x, though 1x1024x4096 1.37-1.45x and 1x2048x2048 1.64-1.68x.
+constexpr double kStreamFlops = 24.0;
+
+int64_t product_threads(const RuntimeState &s, int64_t m, int64_t n, int64_t k, bool stream_splits) {
+    double work = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    if (stream_splits && b_past_block(s.tiles, n, k))
+        work = std::max(work, kStreamFlops * static_cast<double>(n) * static_cast<double>(k));
+    return s.threads_for(work, s.tiles.parallel_min_flops);
+}
+
+// Runs a product of m rows and n columns on T threads: fn(j0, cols, threads) computes columns
+// [j0, j0 + cols) on that many. On one thread it runs right here on the calling thread, which
+// saves entering the arena (several microseconds on a call of a few). A single strip (m <= MR) on
+// more threads is split by B's columns here, NR at a time, each thread taking its share over the
+// whole depth on the one-thread path; the paths' own splits would fork and join once a depth
+// block. A strip's columns are independent, and every path gives an element the same bits. Xeon
+// (model 207), 2 threads, the paths' splits -> these, in one process, back to back, the same bits:
+// 6x2048x2048 NN 1.87x, 8x4096x4096 NN 1.15x, 14x2048x2048 NN 1.10x, 14x1536x512 NN 1.08x,
+// 9x2048x2048 NT 1.04x, 4x4096x4096 NT 1.02x, 12x1536x512 NT 1.01x, 14x4096x1024 NT 1.01x. (More
+// chunks than threads, 4 a thread, gained nothing: 1x1536x512 NT and packed level, NN 0.86-0.94x.)
 template <class Fn>
-void in_arena(RuntimeState &s, double flops, const Fn &fn) {
-    if (s.threads_for(flops, s.tiles.parallel_min_flops) == 1) return fn();
-    s.arena->execute(fn);
+void on_threads(RuntimeState &s, int64_t T, int64_t m, int64_t n, const Fn &fn) {
+    if (T == 1) return fn(int64_t{0}, n, int64_t{1});
+    s.arena->execute([&] {
+        if (m > s.sgemm->mr) return fn(int64_t{0}, n, T);
+        const int64_t NR = s.sgemm->nr;
+        parallel_chunks(ceil_div(n, NR), T, [&](int64_t q0, int64_t q1) {
+            fn(q0 * NR, std::min(n, q1 * NR) - q0 * NR, int64_t{1});
+        });
+    });
 }
 
 // Refuses a B packed for another microkernel or depth blocking than the runtime's (`what`: the
@@ -535,12 +582,10 @@ void sgemm_prepacked(RuntimeState &s, int64_t m, int64_t n, const float *a, int6
                      const float *bias, float *c, int64_t ldc, Epilogue act, bool one_thread) {
     check_packed_for(s, b, "the weights", "build the layer with a runtime of the same ISA and tile config");
     if (m == 0 || n == 0) return;
-    auto run = [&] {
-        sgemm_packed(s, m, n, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0}, Output{c, ldc, 1.0f, 0.0f, bias, act},
-                     Prepacked{&b, j0}, one_thread);
-    };
-    if (one_thread) return run();
-    in_arena(s, 2.0 * m * n * b.k, run);
+    on_threads(s, one_thread ? 1 : product_threads(s, m, n, b.k, true), m, n, [&](int64_t j, int64_t cols, int64_t T) {
+        sgemm_packed(s, T, m, cols, b.k, Operand{a, lda, 1}, Operand{nullptr, 0, 0},
+                     Output{c + j, ldc, 1.0f, 0.0f, bias ? bias + j : nullptr, act}, Prepacked{&b, j0 + j});
+    });
 }
 
 // The leading dimension to step a stored matrix by, op(X) being rows x cols (X stored as is for
@@ -586,7 +631,6 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     auto &s = rt.state();
     const Operand A = transa == Trans::N ? Operand{a, lda, 1} : Operand{a, 1, lda};
     const Operand B = transb == Trans::N ? Operand{b, ldb, 1} : Operand{b, 1, ldb};
-    const Output C{c, ldc, alpha, beta};
     // One strip of rows (m <= MR) streams B exactly once: read in place, not packed first (the
     // packing would be a pass of its own over all of B). Zen 5, 1 thread, packed -> in place:
     // 1x1000x1000 19 -> 41 GFLOP/s, 8x1000x1000 121 -> 237, 8x1536x1536 124 -> 244, 1x4096x1024
@@ -610,13 +654,15 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
     // 64 rows 0.98-1.02x. AVX2 (6x16), 2 threads: 128x1536x512 1.26x, 4096x512x512 NT 1.12x,
     // 512x1536x512 NT 1.06x, 384^3 1.06x, 1024x1024x256 1.06x, 512^3 1.05x. One thread: level
     // (AVX-512 0.995-1.006x, AVX2 1.01-1.02x), so it keeps the rule.
-    const bool one_thread = s.threads_for(2.0 * m * n * k, s.tiles.parallel_min_flops) == 1;
-    const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * s.sgemm->mr);
-    const bool sup = n <= s.tiles.sup_max_n || short_depth ||
-                     (transb == Trans::N && m <= in_place_rows(s, one_thread, n, k, ldb));
-    in_arena(s, 2.0 * m * n * k, [&] {
-        if (transb == Trans::T && sgemm_bt(s, m, n, k, A, B, C)) return;
-        sup ? sgemm_sup(s, m, n, k, A, B, C) : sgemm_packed(s, m, n, k, A, B, C);
+    on_threads(s, product_threads(s, m, n, k, transb == Trans::T), m, n, [&](int64_t j, int64_t cols, int64_t T) {
+        const bool one_thread = T == 1;
+        const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * s.sgemm->mr);
+        const bool sup = cols <= s.tiles.sup_max_n || short_depth ||
+                         (transb == Trans::N && m <= in_place_rows(s, one_thread, n, k, ldb));
+        const Operand Bj{B.at(0, j), B.rs, B.cs};
+        const Output Cj{c + j, ldc, alpha, beta};
+        if (transb == Trans::T && sgemm_bt(s, T, m, cols, k, A, Bj, Cj)) return;
+        sup ? sgemm_sup(s, T, m, cols, k, A, Bj, Cj, n) : sgemm_packed(s, T, m, cols, k, A, Bj, Cj);
     });
 }
 
@@ -665,8 +711,8 @@ void sgemm(Runtime &rt, Trans transa, int64_t m, float alpha, const float *a, in
     lda = stored_ld(transa, m, k, lda);
     ldc = stored_ld(Trans::N, m, n, ldc);
     const Operand A = ta ? Operand{a, 1, lda} : Operand{a, lda, 1};
-    in_arena(s, 2.0 * m * n * k, [&] {
-        sgemm_packed(s, m, n, k, A, Operand{nullptr, 0, 0}, Output{c, ldc, alpha, beta}, Prepacked{&p, 0});
+    on_threads(s, product_threads(s, m, n, k, true), m, n, [&](int64_t j, int64_t cols, int64_t T) {
+        sgemm_packed(s, T, m, cols, k, A, Operand{nullptr, 0, 0}, Output{c + j, ldc, alpha, beta}, Prepacked{&p, j});
     });
 }
 
