@@ -517,33 +517,24 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
     return p;
 }
 
-// How many of the arena's threads a product of m x n x k pays for (RuntimeState::threads_for): its
-// multiply-adds, 2 m n k FLOPs, or, for a B larger than the packed block (KC x NC, half of L2),
-// which comes from past L2 on every call, the time of its stream, kStreamFlops FLOPs a float of B.
-// A few rows do little arithmetic on each float they read, and a second core doubles the stream.
-// On the Xeon (model 207) one core takes B's lines at 25-30 GB/s, the time of about 25 FLOPs at
-// its FMA peak a float (1x1536x512 NT: 110-130 us on one thread, where its 1.6 MFLOP take 9 us),
-// so from 3/4 of a million floats of B (2.7 MiB) a product of one row takes a second thread, as
-// 8 MFLOP a thread do.
-// stream_splits: whether each thread's share of B's columns is a stretch of memory of its own
-// (B^T's rows, or the packed panels). A B not transposed has every row cut between the threads;
-// there a second thread lost as often as it gained at these sizes, so such a B counts its
-// multiply-adds only.
-// Xeon (model 207), 2 threads against 1 (the flops' count alone), in one process, alternating
+// How many of the arena's threads a product of m x n x k pays for: its multiply-adds, 2 m n k
+// FLOPs, or the time of B's stream where B comes from past L2 (RuntimeState::work_with_stream) and
+// each thread's share of its columns is a stretch of memory of its own (stream_splits: B^T's rows,
+// or the packed panels). A B not transposed has every row cut between the threads; there a second
+// thread lost as often as it gained at these sizes, so such a B counts its multiply-adds only.
+// Xeon (model 207), 2 threads against 1 (the multiply-adds alone), in one process, alternating
 // calls, the same bits; back to back / after a 32 MiB pass on the calling thread / after 300 us of
 // spinning (the worker asleep): 1x1536x512 NT 1.34-1.70x / 0.83-1.26x / 1.17-1.21x, packed
 // 1.40-2.02x / 1.22-1.28x / 0.82-1.12x, 2x1024x1024 NT 1.89x / 1.44x / 1.53x; the suite's rows
 // (mha-bench, 2 threads against 1): 1x1536x512 NT 1.23x, 8x1536x512 NT 1.46x, packed 1x1536x512
-// 1.68x. Below the threshold, 1x768x768 packed 0.78-1.17x and 1x512x512 0.59x (waking the worker
-// costs 30-50 us in this guest). B not transposed, 1 row: 1x1536x512 0.75-1.50x, 1x1536x1024
-// 0.75-1.14x, 4x1536x512 0.78-1.37x, though 1x1024x4096 1.37-1.45x and 1x2048x2048 1.64-1.68x.
-constexpr double kStreamFlops = 24.0;
-
+// 1.68x. Below the threshold (3/4 of a million floats of B, 2.7 MiB, for one row), 1x768x768
+// packed 0.78-1.17x and 1x512x512 0.59x (waking the worker costs 30-50 us in this guest). B not
+// transposed, 1 row: 1x1536x512 0.75-1.50x, 1x1536x1024 0.75-1.14x, 4x1536x512 0.78-1.37x, though
+// 1x1024x4096 1.37-1.45x and 1x2048x2048 1.64-1.68x.
 int64_t product_threads(const RuntimeState &s, int64_t m, int64_t n, int64_t k, bool stream_splits) {
-    double work = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    if (stream_splits && b_past_block(s.tiles, n, k))
-        work = std::max(work, kStreamFlops * static_cast<double>(n) * static_cast<double>(k));
-    return s.threads_for(work, s.tiles.parallel_min_flops);
+    const double b_floats = static_cast<double>(n) * static_cast<double>(k);
+    const double flops = 2.0 * static_cast<double>(m) * b_floats;
+    return s.threads_for(stream_splits ? s.work_with_stream(flops, b_floats) : flops, s.tiles.parallel_min_flops);
 }
 
 // Runs a product of m rows and n columns on T threads: fn(j0, cols, threads) computes columns

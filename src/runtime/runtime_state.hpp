@@ -3,6 +3,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,22 @@ struct RuntimeState {
         if (min_per_thread <= 0) return num_threads;
         const double t = work / static_cast<double>(min_per_thread);
         return t >= num_threads ? num_threads : t < 1 ? 1 : static_cast<int>(t);
+    }
+
+    // The work of a call, in FLOPs for threads_for(work, tiles.parallel_min_flops), that does
+    // `flops` of arithmetic on `floats` (4-byte units) it reads once each: where they are more than
+    // the packed GEMM's KC x NC block (half of L2), they come from past L2 on every call, and the
+    // work is the larger of the arithmetic and the time of that stream, kStreamFlops a float. A
+    // call doing little arithmetic on each float it reads (a few rows against a large B; decode
+    // over a KV cache) then takes a second thread, whose core doubles the stream, as 8 MFLOP a
+    // thread do. On the Xeon (model 207) one core takes such a stream at 25-30 GB/s, the time of
+    // about 25 FLOPs a float at its FMA peak (1x1536x512 NT: 110-130 us on one thread, where its
+    // 1.6 MFLOP take 9 us). Measurements: gemm::product_threads, and the attention's scheduler.
+    static constexpr double kStreamFlops = 24.0;
+    double work_with_stream(double flops, double floats) const {
+        return floats >= static_cast<double>(tiles.kc) * static_cast<double>(tiles.nc)
+                   ? std::max(flops, kStreamFlops * floats)
+                   : flops;
     }
 };
 
