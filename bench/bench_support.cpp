@@ -460,7 +460,8 @@ std::string DecodeShape::str() const {
 
 const std::vector<DecodeShape> &decode_shapes() {
     static const std::vector<DecodeShape> shapes = {
-        {1, 4096, 32, 8, 128, true}, {4, 4096, 32, 8, 128, false}, {16, 4096, 32, 8, 128, true}};
+        {1, 1024, 32, 8, 128, true}, {1, 4096, 32, 8, 128, true}, {4, 4096, 32, 8, 128, false},
+        {16, 4096, 32, 8, 128, true}};
     return shapes;
 }
 
