@@ -208,6 +208,35 @@ TEST_CASE("keys split over threads: chunks on different threads, same bits as on
     }
 }
 
+TEST_CASE("a decode of one sequence within one key chunk: its KV heads split over threads, same bits as one thread") {
+    // A direct item with fewer key chunks than the threads that pay is cut into groups of its KV
+    // heads, one a thread (run_attention): 1 to 3 groups, even and uneven (6 KV heads on 2 and 4
+    // threads, 3 on 2), one or two queries, keys from 1 to the whole chunk, a key mask, weights.
+    for (const Case &c : {Case{"H8/8 1 key", 1, 1, 1, 8, 8, 64, 40, false, 0, 0, true},
+                          Case{"H8/8", 1, 1, 300, 8, 8, 64, 40, true, 0, 0, true},
+                          Case{"H8/2 two queries", 1, 2, 1024, 8, 2, 32, 64, true, 0, 2, true},
+                          Case{"H6/6", 1, 1, 700, 6, 6, 16, 24, false, 0, 1, false},
+                          Case{"H6/3", 1, 2, 129, 6, 3, 64, 64, true, 0, 0, true}}) {
+        CAPTURE(c.what);
+        Data d = make(c, 23);
+        for (const auto &o : runtimes(1)) {
+            CAPTURE(std::string(isa_name(*o.isa)));
+            const Result one = check_same_bits_1_2_threads(c, d, o);
+            for (int threads : {3, 4}) {
+                RuntimeOptions more = o;
+                more.num_threads = threads;
+                Runtime rt(more);
+                const Result r = run(rt, c, d);
+                CHECK_MESSAGE(test::same_bits(one.out, r.out), threads, " threads");
+                CHECK_MESSAGE(test::same_bits(one.w, r.w), threads, " threads");
+            }
+            std::vector<double> want;
+            ref::attention(d.rc, d.q.data(), d.k.data(), d.v.data(), want);
+            for (size_t i = 0; i < one.out.size(); ++i) CHECK(std::fabs(one.out[i] - want[i]) <= 5e-5);
+        }
+    }
+}
+
 TEST_CASE("golden files from PyTorch (tests/data/gen_attention_golden.py)") {
     for (const char *name : {"self_mask_b1l", "cross_valid_lens", "causal_kvcache_gqa", "dv_ne_dqk_full_mask"}) {
         CAPTURE(name);

@@ -217,26 +217,38 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     flops *= 2.0 * static_cast<double>(s.group() * (s.head_dim + s.value_dim));
     const int64_t useful = st.threads_for(st.work_with_stream(flops, stream), st.tiles.parallel_min_flops);
 
-    // A direct item holds every KV head of its sequence. With fewer of them than the threads that
-    // pay, each is cut into groups of KV heads, as many as make an item a thread: a KV head's rows
-    // are computed alone whatever else the item holds, so the bits stay. (The chunks below would
-    // give a decode of at most attn_kv_chunk keys one task.) Xeon (model 207), the paged cache's
-    // decode of one sequence, 2 threads against 1, before -> after (the flops' count alone, and
-    // with it the group counted twice for split items): H8 D64 Lk1024 1.00x -> 1.37-1.50x, H32/8
-    // D128 Lk1024 1.00x -> 1.48-1.57x, H8 D64 Lk4096 1.00x -> 1.58-1.61x (its 8 MFLOP fell just
-    // short of two threads), H32/8 D128 Lk2048 1.78x -> 1.69x; Lk512 stays on one thread (1.00x).
-    // The layer's decode step (mha_layer_forward_cached, one token over 1024 cached), with the
-    // GEMM's few rows on two threads too (gemm::product_threads), 2 threads against 1: E512 H8
+    // The key chunks [c_first, c_first + count) of an item (chunks before the window of every row
+    // of the item would give empty states: skipped).
+    auto chunk_range = [&](const Item &it) {
+        const int64_t end = s.key_end(it.b, it.i0, it.i1);
+        const int64_t c_first = std::min(s.key_begin(it.b, it.i0, it.i1), end) / s.kv_chunk;
+        return std::pair{c_first, std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - c_first)};
+    };
+
+    // A direct item holds every KV head of its sequence, and the threads share out its key chunks
+    // (below). Where there are fewer items than the threads that pay and an item has fewer chunks
+    // than those threads (a decode of at most attn_kv_chunk keys has one), it is cut into groups
+    // of KV heads instead, as many as make an item a thread: a KV head's rows are computed alone
+    // whatever else the item holds, so the bits stay. Where there are chunks enough, they stay:
+    // in dense K and V a group of heads is a part of every token's row, a chunk whole rows (B1
+    // Lk4096 H32/8 D128, 2 threads: by chunks 1.48-1.82x one thread, by heads 1.56-1.65x).
+    // Xeon (model 207), one sequence's decode through the paged cache, 2 threads against 1,
+    // before -> after (the FLOPs alone, and the group counted twice for split items): H8 D64
+    // Lk1024 1.00x -> 1.37-1.50x, H32/8 D128 Lk1024 1.00x -> 1.48-1.57x, H8 D64 Lk4096 1.00x ->
+    // 1.58-1.61x (its 8 MFLOP fell just short of two threads); Lk512 stays on one thread. The
+    // layer's decode step (mha_layer_forward_cached, one token over 1024 cached), with the GEMM's
+    // few rows on two threads too (gemm::product_threads), 2 threads against 1: E512 H8
     // 0.95-1.06x -> 1.35-1.46x, E1024 H16 1.0x -> 1.78-1.83x, E2048 H32/8 1.0x -> 1.83-1.86x.
     int64_t direct_items = 0;
     for (const Item &it : items) direct_items += it.direct;
-    if (direct_items > 0 && direct_items < useful) {
+    if (direct_items > 0 && static_cast<int64_t>(items.size()) < useful) {
         const int64_t parts = std::min(s.kv_heads, (useful + direct_items - 1) / direct_items);
         std::vector<Item> cut;
         std::vector<int64_t> cut_cost;
         for (size_t n = 0; n < items.size(); ++n) {
             const Item &it = items[n];
-            for (int64_t p = 0, pieces = it.direct ? parts : 1; p < pieces; ++p) {
+            const bool by_heads = it.direct && chunk_range(it).second < useful;
+            for (int64_t p = 0, pieces = by_heads ? parts : 1; p < pieces; ++p) {
                 Item piece = it;
                 piece.g = it.g + it.kv_heads * p / pieces;
                 piece.kv_heads = it.g + it.kv_heads * (p + 1) / pieces - piece.g;
@@ -270,9 +282,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
             continue;
         }
         const int64_t end = s.key_end(it.b, it.i0, it.i1), per_state = it.rows(s) * (2 + s.value_dim);
-        // Chunks before the window of every row of the item would give empty states: skipped.
-        const int64_t c_first = std::min(s.key_begin(it.b, it.i0, it.i1), end) / s.kv_chunk;
-        const int64_t count = std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - c_first);
+        const auto [c_first, count] = chunk_range(it);
         split.push_back(n);
         first_state.push_back(state_floats);
         chunks.push_back(count);
