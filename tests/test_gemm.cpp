@@ -400,9 +400,11 @@ TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the
     // Up to MR rows on more than one thread, each thread takes a share of B's columns (NR at a
     // time) over the whole depth on the one-thread path (sgemm's on_threads), for stored B and
     // packed B alike; whether B comes from memory (the chain, the chunks) is still judged on the
-    // whole B. Rows 1, 2, the lanes' few-rows path's last (9 or 8) and MR; every transpose; widths
-    // that leave each thread's share, and the last, cut by an edge; one depth block or several
-    // (and, on the defaults, a B past 2 KC x NC, whose halves are not); padded leading dimensions.
+    // whole B. Rows 1, 2, the lanes' few-rows path's last (9, or 8 on AVX2, past its MR of 6:
+    // no split there) and MR; every transpose; widths of 4 NR + 5 (shares of 2, 2 and 1 panels on
+    // 3 threads, the last cut by the edge) and 1000; one depth block or several (and, on the
+    // defaults, a B past 2 KC x NC, whose halves are not); padded leading dimensions; packed B
+    // with a bias and an activation, whose offsets follow each share.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
@@ -413,8 +415,8 @@ TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the
             const TileConfig &t = r1.tiles();
             const int64_t past = (2 * t.kc * t.nc + 999) / 1000 + 5;  // k for 1000 columns past 2 KC x NC
             const std::vector<std::pair<int64_t, int64_t>> shapes =
-                small ? std::vector<std::pair<int64_t, int64_t>>{{3 * uk->nr + 5, 45}, {1000, 333}}
-                      : std::vector<std::pair<int64_t, int64_t>>{{3 * uk->nr + 5, 7}, {1000, past}};
+                small ? std::vector<std::pair<int64_t, int64_t>>{{4 * uk->nr + 5, 45}, {1000, 333}}
+                      : std::vector<std::pair<int64_t, int64_t>>{{4 * uk->nr + 5, 7}, {1000, past}};
             for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{uk->lanes == 16 ? 9 : 8}, static_cast<int64_t>(uk->mr)})
                 for (auto [n, k] : shapes)
                     for (auto [ta, tb] : {std::pair{'N', 'N'}, {'N', 'T'}, {'T', 'N'}, {'T', 'T'}}) {
@@ -428,10 +430,14 @@ TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the
                         CHECK_MESSAGE(differing(c1, c2, m, n, n + 2) == 0, describe(g), " small=", small, " 2 threads");
                         CHECK_MESSAGE(differing(c1, c3, m, n, n + 2) == 0, describe(g), " small=", small, " 3 threads");
                         if (ta != 'N') continue;
-                        // Packed B, through the public call and the layer's (with a column offset).
+                        // Packed B, through the public call and the layer's (with a column offset, a
+                        // bias and an activation).
                         const int64_t ldb = tb == 'N' ? n + 3 : k + 3, ldc = n + 2;
                         const auto a = test::random_floats(static_cast<size_t>(m * (k + 1)), g.seed);
                         const auto b = test::random_floats(static_cast<size_t>((tb == 'N' ? k : n) * ldb), g.seed + 7);
+                        const auto bias = test::random_floats(static_cast<size_t>(n), g.seed + 11);
+                        const gemm::Epilogue act = tb == 'N' ? gemm::Epilogue::gelu : gemm::Epilogue::relu;
+                        std::vector<float> parts[3];
                         std::vector<float> out[3];
                         Runtime *rts[3] = {&r1, &r2, &r3};
                         for (int r = 0; r < 3; ++r) {
@@ -448,7 +454,22 @@ TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the
                                 std::copy_n(out[r].begin() + i * ldc + j0, cols, shifted.begin() + i * ldc);
                             CHECK_MESSAGE(differing(shifted, part, m, cols, ldc) == 0, describe(g), " packed, from column ", j0,
                                           ", ", r + 1, " threads");
+                            // The whole width again with the bias and the activation, against the
+                            // product plus bias, activated in double on one thread's output below.
+                            parts[r].assign(static_cast<size_t>(m * ldc), 0.0f);
+                            gemm::sgemm_prepacked(rts[r]->state(), m, n, a.data(), k + 1, pb.packed(), 0, bias.data(),
+                                                  parts[r].data(), ldc, act);
                         }
+                        CHECK_MESSAGE(differing(parts[0], parts[1], m, n, ldc) == 0, describe(g), " bias and activation, 2 threads");
+                        CHECK_MESSAGE(differing(parts[0], parts[2], m, n, ldc) == 0, describe(g), " bias and activation, 3 threads");
+                        int64_t off = 0;
+                        for (int64_t i = 0; i < m; ++i)
+                            for (int64_t j = 0; j < n; ++j) {
+                                const double x = static_cast<double>(out[0][static_cast<size_t>(i * ldc + j)]) + bias[static_cast<size_t>(j)];
+                                const double want = act == gemm::Epilogue::relu ? std::max(x, 0.0) : 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+                                off += !(std::fabs(parts[0][static_cast<size_t>(i * ldc + j)] - want) <= 1e-5 * (1.0 + std::fabs(x)));
+                            }
+                        CHECK_MESSAGE(off == 0, describe(g), " bias and activation against the product: ", off, " elements off");
                         CHECK_MESSAGE(differing(out[0], out[1], m, n, ldc) == 0, describe(g), " packed, 2 threads");
                         CHECK_MESSAGE(differing(out[0], out[2], m, n, ldc) == 0, describe(g), " packed, 3 threads");
                     }

@@ -13,6 +13,7 @@
 #include "mha/mha.h"
 #include "mha/runtime.hpp"
 #include "mha/tile_config.hpp"
+#include "runtime/runtime_state.hpp"
 
 using namespace mha;
 
@@ -184,6 +185,32 @@ TEST_CASE("threads only where they pay: the defaults, and MHA_PARALLEL_ALWAYS=1 
         Runtime rt(RuntimeOptions{2, {}, {}, {}});
         CHECK(rt.tiles().parallel_min_flops == 0);
         CHECK(rt.tiles().parallel_min_elems == 0);
+    }
+    if (saved) setenv("MHA_PARALLEL_ALWAYS", keep.c_str(), 1);
+    else unsetenv("MHA_PARALLEL_ALWAYS");
+}
+
+TEST_CASE("a call that reads more than it computes counts its stream toward the threads") {
+    // RuntimeState::work_with_stream: data past the packed GEMM's KC x NC block (half of L2), read
+    // once, counts 24 FLOPs a float, or the call's FLOPs where they are more; data under it (in L2
+    // from call to call) counts nothing. With the default thresholds, a row against 1536 x 512
+    // floats (the decode step's QKV projection at E512) takes two threads, against 512 x 512 one.
+    const char *saved = std::getenv("MHA_PARALLEL_ALWAYS");
+    const std::string keep = saved ? saved : "";
+    unsetenv("MHA_PARALLEL_ALWAYS");
+    {
+        Runtime rt(RuntimeOptions{2, {}, {}, {}});
+        const auto &st = rt.state();
+        const double block = static_cast<double>(st.tiles.kc) * static_cast<double>(st.tiles.nc);
+        CHECK(st.work_with_stream(1e6, block - 1) == 1e6);
+        CHECK(st.work_with_stream(1e6, block) == 24.0 * block);
+        CHECK(st.work_with_stream(1e12, block) == 1e12);
+        auto threads = [&](double m, double n, double k) {
+            return st.threads_for(st.work_with_stream(2.0 * m * n * k, n * k), st.tiles.parallel_min_flops);
+        };
+        if (1536.0 * 512.0 >= block) CHECK(threads(1, 1536, 512) == 2);  // (every L2 of up to 6 MiB)
+        CHECK(threads(1, 512, 512) == 1);
+        CHECK(threads(1024, 1536, 512) == 2);
     }
     if (saved) setenv("MHA_PARALLEL_ALWAYS", keep.c_str(), 1);
     else unsetenv("MHA_PARALLEL_ALWAYS");

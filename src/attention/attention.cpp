@@ -150,7 +150,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
                    const float *v, float *out) {
     // Work items, costliest first (rows x keys they can see), so the threads finish together.
     // A sequence whose KV heads have few query rows each (decode) is one direct item holding every
-    // KV head (see DirectTiles). Otherwise, with at least two (sequence, KV head) strips per
+    // KV head (see DirectTiles), or a group of them (below). Otherwise, with at least two (sequence, KV head) strips per
     // thread, an item is a whole strip, which packs each K and V tile once for all its query
     // blocks (if the strip's packed K and V fit in 8 MiB, and K and V are not in a paged cache);
     // otherwise an item is one query block. Each row is computed the same way in all of them.
@@ -206,7 +206,8 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // head, each 2 (D + Dv) FLOPs for each of the group's query heads. A direct item (decode) also
     // reads each of its keys' K and V rows once for its few rows, a stream that a second core
     // doubles (RuntimeState::work_with_stream): its cost over its query positions is the keys it
-    // reads, for all its KV heads, D + Dv values each (a quarter of a float in an int8 cache).
+    // reads, for all its KV heads, D + Dv values each (a quarter of a float in an int8 cache): the
+    // average over its positions, plus one, which a causal item of several rows undercounts a little.
     double flops = 0, stream = 0;
     for (size_t n = 0; n < items.size(); ++n) {
         flops += static_cast<double>(cost[n]);
@@ -217,12 +218,15 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     flops *= 2.0 * static_cast<double>(s.group() * (s.head_dim + s.value_dim));
     const int64_t useful = st.threads_for(st.work_with_stream(flops, stream), st.tiles.parallel_min_flops);
 
-    // The key chunks [c_first, c_first + count) of an item (chunks before the window of every row
-    // of the item would give empty states: skipped).
-    auto chunk_range = [&](const Item &it) {
+    // An item's keys end at `end`, and its key chunks are [first, first + count) (chunks before
+    // the window of every row of the item would give empty states: skipped).
+    struct Chunks {
+        int64_t end, first, count;
+    };
+    auto chunks_of = [&](const Item &it) {
         const int64_t end = s.key_end(it.b, it.i0, it.i1);
-        const int64_t c_first = std::min(s.key_begin(it.b, it.i0, it.i1), end) / s.kv_chunk;
-        return std::pair{c_first, std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - c_first)};
+        const int64_t first = std::min(s.key_begin(it.b, it.i0, it.i1), end) / s.kv_chunk;
+        return Chunks{end, first, std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - first)};
     };
 
     // A direct item holds every KV head of its sequence, and the threads share out its key chunks
@@ -247,7 +251,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         std::vector<int64_t> cut_cost;
         for (size_t n = 0; n < items.size(); ++n) {
             const Item &it = items[n];
-            const bool by_heads = it.direct && chunk_range(it).second < useful;
+            const bool by_heads = it.direct && chunks_of(it).count < useful;
             for (int64_t p = 0, pieces = by_heads ? parts : 1; p < pieces; ++p) {
                 Item piece = it;
                 piece.g = it.g + it.kv_heads * p / pieces;
@@ -260,8 +264,8 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         cost = std::move(cut_cost);
     }
 
-    // Direct items split their keys into the fixed chunks: with all KV heads in one item there are
-    // as few of them as sequences, too few to balance the threads unless each is cut. So do all
+    // Direct items split their keys into the fixed chunks: with all of a sequence's KV heads in one
+    // item (or a few groups) there are few of them, too few to balance the threads unless each is cut. So do all
     // items when there are fewer than threads. A split item's chunks run as tasks of their own on
     // any thread, and a second pass merges each item's chunk states in order.
     const bool split_all = static_cast<int64_t>(items.size()) < T;
@@ -281,8 +285,8 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
             tasks.push_back({n, -1, 0, cost[n]});
             continue;
         }
-        const int64_t end = s.key_end(it.b, it.i0, it.i1), per_state = it.rows(s) * (2 + s.value_dim);
-        const auto [c_first, count] = chunk_range(it);
+        const int64_t per_state = it.rows(s) * (2 + s.value_dim);
+        const auto [end, c_first, count] = chunks_of(it);
         split.push_back(n);
         first_state.push_back(state_floats);
         chunks.push_back(count);

@@ -54,7 +54,8 @@ struct Prepacked {
 };
 
 // Runs `fn(item)` for item in [0, count) on the arena the caller is in, one task per item; on the
-// calling thread alone, in order, when the call's work pays for one thread only (threads == 1).
+// calling thread alone, in order, for threads == 1 (work that pays for one thread only, or one
+// thread's share of a product split by on_threads).
 template <class Fn>
 void parallel_items(int64_t count, int64_t threads, const Fn &fn) {
     if (count == 1 || threads == 1) {
@@ -124,7 +125,8 @@ void sgemm_packed(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, O
     // and packing it strip by strip lost (1024^3 TN 1.031x -> 0.961x).
     const bool a_in_place = a.cs == 1;
     const int64_t b_size = pre.b ? 0 : kc_max * nc, a_size = a_in_place ? 0 : mc_max * kc_max;
-    auto scratch = s.pool.borrow(static_cast<size_t>(a_size + s.slots * b_size));
+    // B's blocks: one a slot of the arena, or one for a call on a single thread (slot 0, see below).
+    auto scratch = s.pool.borrow(static_cast<size_t>(a_size + (T == 1 ? 1 : s.slots) * b_size));
     float *ap = scratch.data(), *b_packs = ap + a_size;
     for (int64_t ic = 0; ic < m; ic += mc_blk) {                 // JC: MC rows of A
         const int64_t mc = std::min(mc_blk, m - ic), n_ir = ceil_div(mc, MR);
@@ -483,7 +485,7 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // packed copy (this Xeon 16x1024x1024 68 -> 83 GFLOP/s, Zen 5 16x2048x2048 153 packed against 129
 // in place, AVX2 on the Xeon 59 -> 45), so those rows read B in chunks of depth instead, up to
 // chunked_rows. Every path gives the same bits.
-// one_thread: whether the call stays on the calling thread (RuntimeState::threads_for).
+// one_thread: whether the product (or its share, see on_threads) runs on one thread.
 int64_t in_place_rows(const RuntimeState &s, bool one_thread, int64_t n, int64_t k, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
     if (ldb % 1024 == 0)  // rows a multiple of 4 KiB apart: in chunks, from memory (see sgemm_sup)
