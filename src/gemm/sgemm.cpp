@@ -520,10 +520,11 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
 }
 
 // How many of the arena's threads a product of m x n x k pays for: its multiply-adds, 2 m n k
-// FLOPs, or the time of B's stream where B comes from past L2 (RuntimeState::work_with_stream) and
-// each thread's share of its columns is a stretch of memory of its own (stream_splits: B^T's rows,
-// or the packed panels). A B not transposed has every row cut between the threads; there a second
-// thread lost as often as it gained at these sizes, so such a B counts its multiply-adds only.
+// FLOPs, or the time of B's stream where B comes from past L2 (RuntimeState::work_with_stream).
+// That stream splits cleanly where each thread's share of the columns is a stretch of memory of
+// its own (whole_rows: B^T's rows, or the packed panels). A B not transposed has every row cut
+// between the threads, and there a second thread paid only for a larger B: it counts a quarter of
+// its floats (a second thread from about 2.8 million of them, 11 MiB, for one row).
 // Xeon (model 207), 2 threads against 1 (the multiply-adds alone), in one process, alternating
 // calls, the same bits; back to back / after a 32 MiB pass on the calling thread / after 300 us of
 // spinning (the worker asleep): 1x1536x512 NT 1.34-1.70x / 0.83-1.26x / 1.17-1.21x, packed
@@ -531,12 +532,15 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
 // (mha-bench, 2 threads against 1): 1x1536x512 NT 1.23x, 8x1536x512 NT 1.46x, packed 1x1536x512
 // 1.68x. Below the threshold (3/4 of a million floats of B, 2.7 MiB, for one row), 1x768x768
 // packed 0.78-1.17x and 1x512x512 0.59x (waking the worker costs 30-50 us in this guest). B not
-// transposed, 1 row: 1x1536x512 0.75-1.50x, 1x1536x1024 0.75-1.14x, 4x1536x512 0.78-1.37x, though
-// 1x1024x4096 1.37-1.45x and 1x2048x2048 1.64-1.68x.
-int64_t product_threads(const RuntimeState &s, int64_t m, int64_t n, int64_t k, bool stream_splits) {
+// transposed, one row, three processes each after the 32 MiB pass / after the spin: from 3M
+// floats 1x1024x4096 1.40-1.46x / 1.38-1.42x, 1x4096x1024 1.72x / 1.73x, 1x2048x2048 1.67-1.69x /
+// 1.64-1.67x, 1x1536x2048 1.42-1.44x / 1.48-1.49x, 1x3072x1024 1.64x / 1.44-1.62x; below it
+// 1x1024x2048 0.77-1.31x / 0.77x, 1x2048x1024 0.82-1.43x / 1.47-1.48x, 1x1536x1024 1.16-1.25x /
+// 1.09-1.20x, 1x1536x512 0.75-1.12x / 0.90-0.94x, 4x1536x512 0.78-1.37x.
+int64_t product_threads(const RuntimeState &s, int64_t m, int64_t n, int64_t k, bool whole_rows) {
     const double b_floats = static_cast<double>(n) * static_cast<double>(k);
     const double flops = 2.0 * static_cast<double>(m) * b_floats;
-    return s.threads_for(stream_splits ? s.work_with_stream(flops, b_floats) : flops, s.tiles.parallel_min_flops);
+    return s.threads_for(s.work_with_stream(flops, whole_rows ? b_floats : b_floats / 4), s.tiles.parallel_min_flops);
 }
 
 // Runs a product of m rows and n columns on T threads: fn(j0, cols, threads) computes columns
