@@ -206,14 +206,18 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // head, each 2 (D + Dv) FLOPs for each of the group's query heads. A direct item (decode) also
     // reads each of its keys' K and V rows once for its few rows, a stream that a second core
     // doubles (RuntimeState::work_with_stream): its cost over its query positions is the keys it
-    // reads, for all its KV heads, D + Dv values each (a quarter of a float in an int8 cache): the
-    // average over its positions, plus one, which a causal item of several rows undercounts a little.
+    // reads (the average over its positions, plus one, which a causal item of several rows
+    // undercounts a little), for all its KV heads, D + Dv values each. An int8 value is a quarter
+    // of a float's bytes but takes half its time or more, widened as it is read (Xeon, H8 D64,
+    // one thread: Lk1024 50 us against 137 us in fp32), so it counts half a float: 2 threads
+    // against 1 (every call on both) read Lk1024 0.8-1.09x, Lk2048 1.19x, Lk4096 1.35-1.37x; with
+    // half a float, Lk2048 takes the second thread (1.05-1.19x), Lk1024 does not.
     double flops = 0, stream = 0;
     for (size_t n = 0; n < items.size(); ++n) {
         flops += static_cast<double>(cost[n]);
         if (items[n].direct)
             stream += static_cast<double>(cost[n]) / static_cast<double>(items[n].i1 - items[n].i0) *
-                      static_cast<double>(s.head_dim + s.value_dim) * (s.kv_cache && s.kv_cache->i8 ? 0.25 : 1.0);
+                      static_cast<double>(s.head_dim + s.value_dim) * (s.kv_cache && s.kv_cache->i8 ? 0.5 : 1.0);
     }
     flops *= 2.0 * static_cast<double>(s.group() * (s.head_dim + s.value_dim));
     const int64_t useful = st.threads_for(st.work_with_stream(flops, stream), st.tiles.parallel_min_flops);
@@ -229,13 +233,29 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         return Chunks{end, first, std::max<int64_t>(0, (end + s.kv_chunk - 1) / s.kv_chunk - first)};
     };
 
+    // How evenly `useful` threads share an item out: by its key chunks (the last one may be
+    // short), or by groups of its KV heads; the share of the work against the slowest thread's.
+    auto chunks_balance = [&](const Item &it) {
+        const Chunks c = chunks_of(it);
+        const int64_t rounds = (c.count + useful - 1) / useful;
+        return static_cast<double>(c.end - c.first * s.kv_chunk) / static_cast<double>(useful * rounds * s.kv_chunk);
+    };
+    auto heads_balance = [&](const Item &it) {
+        const int64_t rounds = (it.kv_heads + useful - 1) / useful;
+        return static_cast<double>(it.kv_heads) / static_cast<double>(useful * rounds);
+    };
+
     // A direct item holds every KV head of its sequence, and the threads share out its key chunks
-    // (below). Where there are fewer items than the threads that pay and an item has fewer chunks
-    // than those threads (a decode of at most attn_kv_chunk keys has one), it is cut into groups
-    // of KV heads instead, as many as make an item a thread: a KV head's rows are computed alone
-    // whatever else the item holds, so the bits stay. Where there are chunks enough, they stay:
-    // in dense K and V a group of heads is a part of every token's row, a chunk whole rows (B1
-    // Lk4096 H32/8 D128, 2 threads: by chunks 1.48-1.82x one thread, by heads 1.56-1.65x).
+    // (below). Where there are fewer items than the threads that pay and its KV heads share out
+    // more evenly than its chunks (a decode of at most attn_kv_chunk keys has one chunk; one of
+    // 1536 keys on 2 threads 1024 + 512), it is cut into groups of KV heads instead, as many as
+    // make an item a thread: a KV head's rows are computed alone whatever else the item holds, so
+    // the bits stay. Where the chunks share out as evenly, they stay: in dense K and V a group of
+    // heads is a part of every token's row, a chunk whole rows (B1 Lk4096 H32/8 D128, 2 threads:
+    // by chunks 1.48-1.82x one thread, by heads 1.56-1.65x). Chunks that share out unevenly lost
+    // most of the second thread (2 threads against 1, H32/8 D128, chunks -> heads: dense Lk1536
+    // 1.42x -> 1.65x, Lk3072 1.47x -> 1.74x; the paged cache Lk1536 1.41x -> 1.74x, Lk3072 1.43x
+    // -> 1.74x; dense Lk1100, 1024 + 76 keys, 1.04x -> 1.59x).
     // Xeon (model 207), one sequence's decode through the paged cache, 2 threads against 1,
     // before -> after (the FLOPs alone, and the group counted twice for split items): H8 D64
     // Lk1024 1.00x -> 1.37-1.50x, H32/8 D128 Lk1024 1.00x -> 1.48-1.57x, H8 D64 Lk4096 1.00x ->
@@ -251,7 +271,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
         std::vector<int64_t> cut_cost;
         for (size_t n = 0; n < items.size(); ++n) {
             const Item &it = items[n];
-            const bool by_heads = it.direct && chunks_of(it).count < useful;
+            const bool by_heads = it.direct && heads_balance(it) > chunks_balance(it);
             for (int64_t p = 0, pieces = by_heads ? parts : 1; p < pieces; ++p) {
                 Item piece = it;
                 piece.g = it.g + it.kv_heads * p / pieces;
