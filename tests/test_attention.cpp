@@ -213,14 +213,15 @@ TEST_CASE("a decode of one sequence: its KV heads or its key chunks split over t
     // chunks is cut into groups of its KV heads, one a thread (run_attention): 1 to 4 groups, even
     // and uneven (6 KV heads on 2 and 4 threads, 3 on 2), one or two queries, keys from 1 to one
     // chunk, past it unevenly (1500: chunks of 1024 and 476) and evenly (2048, 4 KV heads: the
-    // chunks stay on 2 threads), a key mask, weights.
+    // chunks stay on 2 threads), none (valid length 0: zeros), a key mask, weights.
     for (const Case &c : {Case{"H8/8 1 key", 1, 1, 1, 8, 8, 64, 40, false, 0, 0, true},
                           Case{"H8/8", 1, 1, 300, 8, 8, 64, 40, true, 0, 0, true},
                           Case{"H8/2 two queries", 1, 2, 1024, 8, 2, 32, 64, true, 0, 2, true},
                           Case{"H6/6", 1, 1, 700, 6, 6, 16, 24, false, 0, 1, false},
                           Case{"H6/3", 1, 2, 129, 6, 3, 64, 64, true, 0, 0, true},
                           Case{"H8/8 1500 keys", 1, 1, 1500, 8, 8, 16, 16, true, 0, 1, false},
-                          Case{"H4/4 2048 keys", 1, 1, 2048, 4, 4, 16, 8, false, 0, 0, false}}) {
+                          Case{"H4/4 2048 keys", 1, 1, 2048, 4, 4, 16, 8, false, 0, 0, false},
+                          Case{"H8/8 no valid key", 1, 1, 300, 8, 8, 16, 16, false, 1, 0, true}}) {
         CAPTURE(c.what);
         Data d = make(c, 23);
         for (const auto &o : runtimes(1)) {

@@ -237,6 +237,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // short), or by groups of its KV heads; the share of the work against the slowest thread's.
     auto chunks_balance = [&](const Item &it) {
         const Chunks c = chunks_of(it);
+        if (c.count == 0) return 1.0;  // no keys: nothing to share out
         const int64_t rounds = (c.count + useful - 1) / useful;
         return static_cast<double>(c.end - c.first * s.kv_chunk) / static_cast<double>(useful * rounds * s.kv_chunk);
     };
