@@ -98,6 +98,7 @@ TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a
     REQUIRE(phases.count("threads"));
     CHECK(phases.at("threads").count("gemm 128^3 NN"));
     CHECK(phases.at("threads").count("attention L64 H8 D64"));
+    CHECK(phases.at("threads").count("gemm 1x1536x512 NT"));  // a call that reads more than it computes
     REQUIRE(phases.count("elems"));
     CHECK(phases.at("elems").count("softmax 1024x128"));
     CHECK(r.output.find("parallel_min_elems=") != std::string::npos);

@@ -9,8 +9,8 @@
 // best GEMM blocking, then the per-CPU thresholds on the tiles found so far: the rows a strip must
 // have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products), and,
 // tuning for more than one thread, the work from which a call takes the arena's other threads
-// (parallel_min_flops on small GEMM and attention calls, parallel_min_elems on softmax calls, each
-// made after the workers have gone to sleep).
+// (parallel_min_flops on small GEMM and attention calls and on one row against a large B^T,
+// parallel_min_elems on softmax calls, each made after the workers have gone to sleep).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -131,6 +131,14 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
     }
     for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96})
         attention_shape(len, false, "threads", false);
+    // Calls that read more than they compute, whose stream the same key prices
+    // (RuntimeState::work_with_stream): one row against B^T n x 512, 0.5 to 1 million floats.
+    for (const int64_t n : quick ? std::vector<int64_t>{1536} : std::vector<int64_t>{1024, 1536, 2048}) {
+        const float *a = buffer(512, 0.5f), *bt = buffer(static_cast<size_t>(n * 512), 0.25f);
+        float *c = buffer(static_cast<size_t>(n), 0.0f);
+        shapes.push_back({"gemm 1x" + std::to_string(n) + "x512 NT", "threads",
+                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, 1, n, 512, 1.0f, a, 512, bt, 512, 0.0f, c, n); }});
+    }
     // Elementwise work around its break-even: softmax over 128 columns, 64K to 1M elements.
     for (const int64_t rows : quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192}) {
         const float *x = buffer(static_cast<size_t>(rows * 128), 0.5f);
