@@ -188,7 +188,9 @@ int64_t chunked_rows(const SgemmKernel &uk, bool one_thread) {
 
 // Whether a k x n B is larger than the packed block (KC x NC, half of L2), so that it comes from
 // memory on every call: the chunks pay only there (see sgemm_sup).
-bool b_past_block(const TileConfig &t, int64_t n, int64_t k) { return k * n >= t.kc * t.nc; }
+bool b_past_block(const TileConfig &t, int64_t n, int64_t k) {
+    return detail::past_packed_block(t, static_cast<double>(k) * static_cast<double>(n));
+}
 
 // n_b: the whole B's width, of which these n columns are a share (on_threads): whether B comes from
 // memory is the whole B's matter.

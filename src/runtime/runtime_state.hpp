@@ -62,6 +62,12 @@ private:
     size_t held_ = 0;  // bytes of all the pool's buffers, free and lent
 };
 
+// Whether `floats` read once are more than the packed GEMM's KC x NC block (half of L2), so they
+// come from past L2 on every call.
+inline bool past_packed_block(const TileConfig &t, double floats) {
+    return floats >= static_cast<double>(t.kc) * static_cast<double>(t.nc);
+}
+
 struct RuntimeState {
     int num_threads = 1;
     Isa isa = Isa::avx2;
@@ -98,9 +104,7 @@ struct RuntimeState {
     // 1.6 MFLOP take 9 us). Measurements: gemm::product_threads, and the attention's scheduler.
     static constexpr double kStreamFlops = 24.0;
     double work_with_stream(double flops, double floats) const {
-        return floats >= static_cast<double>(tiles.kc) * static_cast<double>(tiles.nc)
-                   ? std::max(flops, kStreamFlops * floats)
-                   : flops;
+        return past_packed_block(tiles, floats) ? std::max(flops, kStreamFlops * floats) : flops;
     }
 };
 
