@@ -396,12 +396,13 @@ TEST_CASE("1, 2 and 3 threads give the same bits, on both paths") {
     }
 }
 
-TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the threads, the bits of one thread") {
-    // Up to MR rows on more than one thread, each thread takes a share of B's columns (NR at a
-    // time) over the whole depth on the one-thread path (sgemm's on_threads), for stored B and
-    // packed B alike; whether B comes from memory (the chain, the chunks) is still judged on the
-    // whole B. Rows 1, 2, the lanes' few-rows path's last (9, or 8 on AVX2, past its MR of 6:
-    // no split there) and MR; every transpose; widths of 4 NR + 5 (shares of 2, 2 and 1 panels on
+TEST_CASE("a few strips on 2 and 3 threads: their columns split between the threads, the bits of one thread") {
+    // Up to four strips (4 MR - 1 rows; 32 on AVX2) on more than one thread, each thread takes a
+    // share of B's columns (NR at a time) over the whole depth on the one-thread path (sgemm's
+    // on_threads), for stored B and packed B alike; whether B comes from memory (the chain, the
+    // chunks) is still judged on the whole B. Rows 1, 2, the lanes' few-rows path's last (9, or 8
+    // on AVX2, past its MR of 6), MR, MR + 1, two strips and an odd part, the last rows split
+    // (4 MR - 1, and 32 past AVX2's four strips) and the first rows not (4 MR); every transpose; widths of 4 NR + 5 (shares of 2, 2 and 1 panels on
     // 3 threads, the last cut by the edge) and 1000; one depth block or several (and, on the
     // defaults, a B past 2 KC x NC, whose halves are not); padded leading dimensions; packed B
     // with a bias and an activation, whose offsets follow each share.
@@ -417,7 +418,9 @@ TEST_CASE("a strip of few rows on 2 and 3 threads: its columns split between the
             const std::vector<std::pair<int64_t, int64_t>> shapes =
                 small ? std::vector<std::pair<int64_t, int64_t>>{{4 * uk->nr + 5, 45}, {1000, 333}}
                       : std::vector<std::pair<int64_t, int64_t>>{{4 * uk->nr + 5, 7}, {1000, past}};
-            for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{uk->lanes == 16 ? 9 : 8}, static_cast<int64_t>(uk->mr)})
+            const int64_t MR = uk->mr;
+            for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{uk->lanes == 16 ? 9 : 8}, MR, MR + 1, 2 * MR + 3, 4 * MR - 1,
+                              4 * MR, int64_t{32}})
                 for (auto [n, k] : shapes)
                     for (auto [ta, tb] : {std::pair{'N', 'N'}, {'N', 'T'}, {'T', 'N'}, {'T', 'T'}}) {
                         GemmCase g;
@@ -724,18 +727,23 @@ TEST_CASE("B rows a multiple of 4 KiB apart: a strip of few rows reads B in chun
                         check_gemm(rt, GemmCase{'N', 'N', m_all - 1, n, k, 0.5f, 1.0f, 0, ldb - n, 2, false, 7});
                     }
         }
-        // Large enough for two threads (their items split the columns and share the sums' buffer):
-        // the bits of one thread.
-        Runtime rt1(default_tiles(*uk, 1)), rt2(default_tiles(*uk, 2));
-        const int64_t n = 2048, k = 1100, ldb = 2048;
-        const auto a = test::random_floats(static_cast<size_t>(m_all * k), 41);
+        // Large enough for two and three threads (each takes a share of the columns over the whole
+        // depth, B past L2 and read in chunks, or the chain): the bits of one thread. Up to four
+        // strips (the chunks on one thread, the split at the top on more), and past them.
+        Runtime rt1(default_tiles(*uk, 1)), rt2(default_tiles(*uk, 2)), rt3(default_tiles(*uk, 3));
+        const int64_t n = 2048 - 5, k = 1100, ldb = 2048, MR = uk->mr, m_most = 4 * MR + 1;
+        const auto a = test::random_floats(static_cast<size_t>(m_most * k), 41);
         const auto b = test::random_floats(static_cast<size_t>(k * ldb), 42);
-        for (int64_t m : {int64_t{1}, int64_t{uk->chain_rows}}) {
-            std::vector<float> c1(static_cast<size_t>(m * n)), c2(c1.size());
+        for (int64_t m : {int64_t{1}, int64_t{uk->chain_rows}, 2 * MR + 3, 4 * MR - 1, m_most}) {
+            std::vector<float> c1(static_cast<size_t>(m * n)), c2(c1.size()), c3(c1.size());
             sgemm(rt1, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c1.data(), n);
             sgemm(rt2, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c2.data(), n);
-            CHECK_MESSAGE(test::same_bits(c1, c2), "m=", m);
+            sgemm(rt3, Trans::N, Trans::N, m, n, k, 1.0f, a.data(), k, b.data(), ldb, 0.0f, c3.data(), n);
+            CHECK_MESSAGE(test::same_bits(c1, c2), "m=", m, " 2 threads");
+            CHECK_MESSAGE(test::same_bits(c1, c3), "m=", m, " 3 threads");
         }
+        // The values of the split, against the double reference.
+        check_gemm(rt3, GemmCase{'N', 'N', 4 * MR - 1, 1019, 300, 1.0f, 0.0f, 0, 5, 0, false, 43});
     }
 }
 

@@ -176,15 +176,14 @@ void sgemm_packed(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, O
 // packed path, whose copy of B they share. Xeon (AMX), NN, against dnnl_sgemm, packed -> chunked,
 // 1 thread: 16x1024x1024 0.69x -> 1.04x, 32x1024x1024 0.93x (in place, tile by tile) -> 1.07x,
 // 48x1024x1024 0.98x -> 1.03x, 16x2048x2048 0.70x -> 1.07x, 32x4096x1024 0.89x -> 0.98x, but 64
-// rows 0.94x -> 0.88x and 96 rows 1.20x -> 1.03x; 2 threads: 16x1024x1024 1.02x -> 1.25x,
-// 16x2048x2048 0.79x -> 0.99x, but 32 rows 1.11x -> 0.98x and 48 rows 1.14x -> 0.93x. AVX2 (6x16),
-// 1 thread: 16x1024x1024 0.53x -> 0.70x, 32x1024x1024 0.71x -> 0.73x. One strip stays tile by
-// tile (8 rows 0.96x -> 0.94x, 12 rows 1.24x -> 1.13x), and so do B rows at other strides, which
-// the tiles already read as fast (32x2000x1000 0.94x -> 0.76x chunked).
-int64_t chunked_rows(const SgemmKernel &uk, bool one_thread) {
-    if (uk.lanes == 16) return one_thread ? 4 * uk.mr - 1 : 2 * uk.mr - 1;
-    return one_thread ? 32 : uk.mr;
-}
+// rows 0.94x -> 0.88x and 96 rows 1.20x -> 1.03x. AVX2 (6x16), 1 thread: 16x1024x1024 0.53x ->
+// 0.70x, 32x1024x1024 0.71x -> 0.73x. One strip stays tile by tile (8 rows 0.96x -> 0.94x, 12
+// rows 1.24x -> 1.13x), and so do B rows at other strides, which the tiles already read as fast
+// (32x2000x1000 0.94x -> 0.76x chunked).
+// These few strips are also what several threads split by B's columns at the top (on_threads),
+// each share on the one-thread path: in the paths' own splits on 2 threads, the chunks had lost
+// from 32 rows (32x1024x1024 1.11x -> 0.98x, 48 rows 1.14x -> 0.93x against the packed path).
+int64_t few_strips_rows(const SgemmKernel &uk) { return uk.lanes == 16 ? 4 * uk.mr - 1 : 32; }
 
 // Whether a k x n B is larger than the packed block (KC x NC, half of L2), so that it comes from
 // memory on every call: the chunks pay only there (see sgemm_sup).
@@ -228,7 +227,7 @@ void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Oper
     const int64_t ld_chain = chained ? round_up(nc_blk, NR) : 0;
 
     // A few strips against such B read it in place in chunks of rows across the block, every
-    // strip per chunk (sgemm_sup_chunked), up to chunked_rows: the sums of all the strips' rows
+    // strip per chunk (sgemm_sup_chunked), up to few_strips_rows: the sums of all the strips' rows
     // wait between chunks in 128 KiB, one B copy of a chunk per work item. Only a B larger than
     // the packed block (KC x NC, half of L2), which comes from memory: one that stays in L2 from
     // call to call is read as fast tile by tile (Xeon, 1 thread, tile by tile -> chunked:
@@ -260,7 +259,7 @@ void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Oper
     constexpr int64_t chunk_min_depth = 32, chunk_bytes = 128 << 10;
     const int64_t chunk_cols = std::clamp(chunk_bytes / 4 / m / NR * NR, NR, round_up(n, NR));
     const int64_t chunk_depth = chunk_cols >= n ? 2 * chunk_min_depth : chunk_min_depth;
-    const bool chunked = b_in_place && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= chunked_rows(uk, T == 1) &&
+    const bool chunked = b_in_place && !chained && b.rs % 1024 == 0 && n_ir >= 2 && m <= few_strips_rows(uk) &&
                          kc_max > chunk_min_depth &&
                          (b_past_block(t, n_b, k) || (uk.lanes == 16 && m <= 16) || kc_max <= 2 * chunk_depth);
     if (chunked) nc_blk = chunk_cols;
@@ -326,7 +325,9 @@ void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Oper
         // lost (16x1024x1024 202 -> 162: half the width a chunk row), so those keep a strip a
         // thread. AVX2 (6x16) on the same Xeon: 12x1536x512 125 -> 149, 12x2000x256, 24x2000x200
         // and 18x1000x300 level. With few columns to share (under 4 panels a thread) the items
-        // stay strip x column share, whose count balances better.
+        // stay strip x column share, whose count balances better. (Products of up to
+        // few_strips_rows come here on one thread only now: on several, on_threads splits their
+        // columns at the top. The measurements above chose for them before that.)
         const bool uneven = n_ir >= T && n_ir < 4 * T && (n_ir % T != 0 || (T > 1 && b_direct && !chunked));
         const bool by_columns = uneven && n_jr >= 4 * T;
         const int64_t ir_split = by_columns || (chunked && T == 1) ? 1 : std::min(n_ir, 4 * T);
@@ -486,14 +487,14 @@ void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 // walking its depth jumps a page a step; there the CPUs disagreed on tiles in place against the
 // packed copy (this Xeon 16x1024x1024 68 -> 83 GFLOP/s, Zen 5 16x2048x2048 153 packed against 129
 // in place, AVX2 on the Xeon 59 -> 45), so those rows read B in chunks of depth instead, up to
-// chunked_rows. Every path gives the same bits.
-// one_thread: whether the product (or its share, see on_threads) runs on one thread.
-int64_t in_place_rows(const RuntimeState &s, bool one_thread, int64_t n, int64_t k, int64_t ldb) {
+// few_strips_rows. Every path gives the same bits. These are the rows of a product on one thread,
+// or of a share on one: on more threads, a product of up to few_strips_rows is split at the top
+// (on_threads), and past them only a short depth or a narrow B takes the small-problem path.
+int64_t in_place_rows(const RuntimeState &s, int64_t n, int64_t k, int64_t ldb) {
     const SgemmKernel &uk = *s.sgemm;
     if (ldb % 1024 == 0)  // rows a multiple of 4 KiB apart: in chunks, from memory (see sgemm_sup)
-        return b_past_block(s.tiles, n, k) ? chunked_rows(uk, one_thread) : uk.mr;
-    if (uk.lanes == 16) return std::max<int64_t>(uk.mr, one_thread ? 8 * uk.mr - 1 : 32);
-    return one_thread ? std::max<int64_t>(uk.mr, 32) : uk.mr;
+        return b_past_block(s.tiles, n, k) ? few_strips_rows(uk) : uk.mr;
+    return uk.lanes == 16 ? 8 * uk.mr - 1 : std::max<int64_t>(uk.mr, 32);
 }
 
 } // namespace
@@ -547,19 +548,29 @@ int64_t product_threads(const RuntimeState &s, int64_t m, int64_t n, int64_t k, 
 
 // Runs a product of m rows and n columns on T threads: fn(j0, cols, threads) computes columns
 // [j0, j0 + cols) on that many. On one thread it runs right here on the calling thread, which
-// saves entering the arena (several microseconds on a call of a few). A single strip (m <= MR) on
-// more threads is split by B's columns here, NR at a time, each thread taking its share over the
-// whole depth on the one-thread path; the paths' own splits would fork and join once a depth
-// block. A strip's columns are independent, and every path gives an element the same bits. Xeon
-// (model 207), 2 threads, the paths' splits -> these, in one process, back to back, the same bits:
-// 6x2048x2048 NN 1.87x, 8x4096x4096 NN 1.15x, 14x2048x2048 NN 1.10x, 14x1536x512 NN 1.08x,
-// 9x2048x2048 NT 1.04x, 4x4096x4096 NT 1.02x, 12x1536x512 NT 1.01x, 14x4096x1024 NT 1.01x. (More
-// chunks than threads, 4 a thread, gained nothing: 1x1536x512 NT and packed level, NN 0.86-0.94x.)
+// saves entering the arena (several microseconds on a call of a few). A few strips (m <=
+// few_strips_rows: 55 rows with 14x32, 32 with 6x16) on more threads are split by B's columns
+// here, NR at a time, each thread taking its share over the whole depth on the one-thread path:
+// the paths' own splits would fork and join once a depth block, and every thread would read all
+// of a B that comes from memory, or share out three strips 2 + 1. A row's columns are
+// independent, and every path gives an element the same bits. Xeon (model 207), 2 threads, the
+// paths' splits -> these, in one process, back to back, the same bits: a strip, 6x2048x2048 NN
+// 1.87x, 8x4096x4096 NN 1.15x, 14x2048x2048 NN 1.10x, 14x1536x512 NN 1.08x, 9x2048x2048 NT
+// 1.04x, 4x4096x4096 NT 1.02x, 12x1536x512 NT 1.01x, 14x4096x1024 NT 1.01x; a few strips, paired
+// medians back to back / after a 32 MiB pass: 16x1024x1024 NN 1.42x / 1.12x, 32x1024x1024 NN
+// 1.16x / 1.11x, 48x1024x1024 NN 1.08x / 1.04x, 20x2048x2048 NN 1.26x / 1.22x, 32x2000x1000 NN
+// 1.10x / 1.08x, 40x512x1024 NN 1.18x / 1.19x, 48x640x640 NN 1.18x / 1.15x, 16x1536x512 NN 1.05x /
+// 1.10x, 55x1536x512 NT 1.27x / 1.17x, 32x1024x4096 NT 1.07x / 1.06x, 16x768x768 NT 1.04x / 1.08x,
+// 16-32 x 1536 x 512 NT and packed B (16-55 rows) level (0.99-1.05x); AVX2 (6x16): 12x1536x512
+// NN 1.12x, 24x1024x1024 NN 1.16x, 18x2000x1000 NN 1.33x, 32x1024x1024 NN level. Past them it
+// stopped paying: 64x1536x512 NN 1.04-1.07x but 64x1024x1024 NN 0.98-1.02x, 112x1536x512 NT
+// 0.96-0.99x, 128x1536x512 NN 0.96-1.00x, 256x512x512 NT 0.95-1.00x. (More chunks than threads,
+// 4 a thread, gained nothing for a strip: 1x1536x512 NT and packed level, NN 0.86-0.94x.)
 template <class Fn>
 void on_threads(RuntimeState &s, int64_t T, int64_t m, int64_t n, const Fn &fn) {
     if (T == 1) return fn(int64_t{0}, n, int64_t{1});
     s.arena->execute([&] {
-        if (m > s.sgemm->mr) return fn(int64_t{0}, n, T);
+        if (m > few_strips_rows(*s.sgemm)) return fn(int64_t{0}, n, T);
         const int64_t NR = s.sgemm->nr;
         parallel_chunks(ceil_div(n, NR), T, [&](int64_t q0, int64_t q1) {
             fn(q0 * NR, std::min(n, q1 * NR) - q0 * NR, int64_t{1});
@@ -657,7 +668,7 @@ void sgemm(Runtime &rt, Trans transa, Trans transb, int64_t m, int64_t n, int64_
         const bool one_thread = T == 1;
         const bool short_depth = k <= s.tiles.sup_max_k && (one_thread || k <= 128 || m < 8 * s.sgemm->mr);
         const bool sup = cols <= s.tiles.sup_max_n || short_depth ||
-                         (transb == Trans::N && m <= in_place_rows(s, one_thread, n, k, ldb));
+                         (transb == Trans::N && one_thread && m <= in_place_rows(s, n, k, ldb));
         const Operand Bj{B.at(0, j), B.rs, B.cs};
         const Output Cj{c + j, ldc, alpha, beta};
         if (transb == Trans::T && sgemm_bt(s, T, m, cols, k, A, Bj, Cj)) return;
