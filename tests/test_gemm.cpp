@@ -404,10 +404,10 @@ TEST_CASE("a few strips on 2 and 3 threads: their columns split between the thre
     // on_threads), for stored B and packed B alike; whether B comes from memory (the chain, the
     // chunks) is still judged on the whole B. Rows 1, 2, the lanes' few-rows path's last (9, or 8
     // on AVX2, past its MR of 6), MR, MR + 1, two strips and an odd part, the last rows split
-    // (4 MR - 1; 32 on AVX2) and the first rows not; every transpose; widths of 4 NR + 5 (shares of 2, 2 and 1 panels on
-    // 3 threads, the last cut by the edge) and 1000; one depth block or several (and, on the
-    // defaults, a B past 2 KC x NC, whose halves are not); padded leading dimensions; packed B
-    // with a bias and an activation, whose offsets follow each share.
+    // (4 MR - 1; 32 on AVX2) and the first rows not; every transpose; widths of 4 NR + 5 (shares
+    // of 2, 2 and 1 panels on 3 threads, the last cut by the edge) and 1000; one depth block or
+    // several (and, on the defaults, a B past 2 KC x NC, whose halves are not); padded leading
+    // dimensions; packed B with a bias and an activation, whose offsets follow each share.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
