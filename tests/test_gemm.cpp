@@ -615,6 +615,43 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
     }
 }
 
+TEST_CASE("few rows against B^T read A^T as it lies or copied: the bits of A row-major, for every layout of A") {
+    // macro_bt_rows takes A^T k x m (m floats a depth step): one row of A along k, or A^T with rows
+    // exactly m apart, is read where it lies; any other layout (A^T padded, rows of A) is copied
+    // first. The same A in each layout must give the same bits, on one thread and on two (which
+    // split B^T's columns), with small and default tiles (a depth past KC copies each block).
+    for (const auto *uk : host_kernels()) {
+        const std::string kernel_name = uk->name;
+        CAPTURE(kernel_name);
+        for (bool small : {true, false})
+            for (int threads : {1, 2}) {
+                Runtime rt(small ? small_tiles(*uk, threads) : default_tiles(*uk, threads));
+                for (int64_t m = 1; m <= gemm::kBtRowsMax + 1; ++m)
+                    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100}})
+                        for (int64_t k : {int64_t{1}, int64_t{17}, int64_t{327}}) {
+                            CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(small); CAPTURE(threads);
+                            const int64_t lda = k + 1, ldb = k + 3;
+                            const auto a = test::random_floats(static_cast<size_t>(m * lda), static_cast<uint32_t>(m * 131 + k));
+                            const auto b = test::random_floats(static_cast<size_t>(n * ldb), static_cast<uint32_t>(n + 7));
+                            auto run = [&](char ta, const float *ap, int64_t ld) {
+                                std::vector<float> c(static_cast<size_t>(m * n), kSentinel);
+                                sgemm(rt, static_cast<Trans>(ta), Trans::T, m, n, k, 1.0f, ap, ld, b.data(), ldb, 0.0f,
+                                      c.data(), n);
+                                return c;
+                            };
+                            const auto c_rows = run('N', a.data(), lda);
+                            for (int64_t pad : {0, 2}) {  // A^T's rows m apart (read in place), then m + 2
+                                const int64_t ldt = m + pad;
+                                std::vector<float> at(static_cast<size_t>(k * ldt), kSentinel);
+                                for (int64_t i = 0; i < m; ++i)
+                                    for (int64_t p = 0; p < k; ++p) at[p * ldt + i] = a[i * lda + p];
+                                CHECK_MESSAGE(differing(run('T', at.data(), ldt), c_rows, m, n, n) == 0, "A^T pad ", pad);
+                            }
+                        }
+            }
+    }
+}
+
 TEST_CASE("a row of C has the same bits whatever m is: the strips it falls in, on both paths and prepacked") {
     // The row strips change with m (16 rows of a 14-row kernel run as 8 + 8, 15 as 8 + 7; see
     // gemm::strip_start), and a strip of the small-problem path reads B in place or packed by m; a

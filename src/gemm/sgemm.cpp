@@ -425,9 +425,29 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
     if (m > first) panels[1] = {first, m - first, m - first};
     const int count = m > first ? 2 : 1;
     const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
+    if (rows_path) {
+        // A^T k x m, m floats a depth step (see bt_rows_tile): where A already lies so (one row of
+        // A along k, or A^T with rows m apart), else copied. Each tile takes every depth block.
+        const bool in_place = m == 1 ? a.cs == 1 : a.rs == 1 && a.cs == m;
+        auto scratch = s.pool.borrow(static_cast<size_t>(in_place ? 1 : k * m));
+        const float *at = a.p;
+        if (!in_place) {
+            float *dst = scratch.data();
+            for (int64_t p = 0; p < k; ++p)
+                for (int64_t i = 0; i < m; ++i) dst[p * m + i] = *a.at(i, p);
+            at = dst;
+        }
+        const int64_t W = uk.lanes;
+        parallel_chunks(ceil_div(n, W), T, [&](int64_t q0, int64_t q1) {
+            const int64_t j0 = q0 * W, cols = std::min(n, q1 * W) - j0;
+            uk.macro_bt_rows(m, cols, k, kc_blk, at, b.at(0, j0), b.cs, c.p + j0, c.ld, c.beta == 1.0f);
+        });
+        return true;
+    }
     auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * (panels[0].width + panels[1].width)));
     for (int64_t pc = 0; pc < k; pc += kc_blk) {
         const int64_t kc = std::min(kc_blk, k - pc);
+        const bool accumulate = pc > 0 || c.beta == 1.0f;
         float *at = scratch.data();
         for (int q = 0; q < count; ++q) {
             Panel &pq = panels[q];
@@ -435,15 +455,6 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
             // One panel of A^T, its lanes past the rows zero: the packing's register transposes.
             (pq.width == uk.nr ? uk.pack_b : uk.pack_lanes)(pq.rows, kc, a.at(pq.row, pc), a.rs, a.cs, at);
             at += kc * pq.width;
-        }
-        const bool accumulate = pc > 0 || c.beta == 1.0f;
-        if (rows_path) {
-            const int64_t W = uk.lanes;
-            parallel_chunks(ceil_div(n, W), T, [&](int64_t q0, int64_t q1) {
-                const int64_t j0 = q0 * W, cols = std::min(n, q1 * W) - j0;
-                uk.macro_bt_rows(m, cols, kc, panels[0].at, b.at(pc, j0), b.cs, c.p + j0, c.ld, accumulate);
-            });
-            continue;
         }
         parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
             const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;

@@ -81,12 +81,13 @@ using MacroSupFn = void (*)(const SupArgs &args);
 using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
                            int64_t ldc, bool accumulate);
 // One to kBtRowsMax (9) rows against B^T, read in place and transposed in registers on the way:
-// C[0:m, 0:n] = A B, or A B + C (accumulate), over one depth block; B^T's rows at bt (n x k, row j
-// at bt + j * ldbt) and A^T packed as for macro_bt (k x lanes(), lane i = row i of A). Each C
-// element is the same ordered FMA chain over the block as on the other paths.
+// C[0:m, 0:n] = A B, or A B + C (accumulate); B^T's rows at bt (n x k, row j at bt + j * ldbt) and
+// A^T k x m (at[p m + i] = A(i, p): a single row of A is itself). The depth goes in blocks of
+// kc_blk, each C element's block sums added to it in order: the same ordered FMA chains and
+// additions as on the other paths.
 inline constexpr int kBtRowsMax = 9;
-using MacroBtRowsFn = void (*)(int64_t m, int64_t n, int64_t k, const float *at, const float *bt, int64_t ldbt,
-                               float *c, int64_t ldc, bool accumulate);
+using MacroBtRowsFn = void (*)(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const float *at, const float *bt,
+                               int64_t ldbt, float *c, int64_t ldc, bool accumulate);
 // An elementwise activation applied to a finished block of C (the GEMM epilogue of linear1).
 enum class Epilogue { none = 0, relu = 1, gelu = 2 };
 using ActivateFn = void (*)(Epilogue act, int64_t rows, int64_t cols, float *c, int64_t ldc);
