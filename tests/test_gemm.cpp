@@ -521,12 +521,15 @@ TEST_CASE("an edge tile rounds as a whole tile: alpha != 1, beta 0.3 and 1, the 
     }
 }
 
-TEST_CASE("A stored as is (rows any distance apart) or transposed gives the same bits: read in place or the block packed first") {
+TEST_CASE("A stored as is (rows any distance apart) or transposed gives the same bits: read in place or packed first, against B and B^T") {
     // The packed path reads a row-major A in place (the microkernel's strided loads), its rows at
     // any stride (a multiple of 4 KiB too, where a strip's rows share L1 sets), and packs a
     // transposed A (column-major storage) as a whole block first; neither may change one sum.
     // Products large enough for the packed path at the default tiles, and every block edge at
     // small tiles, on 1 and 2 threads.
+    // A few rows against B^T (macro_bt_rows) take A^T k x m (m floats a depth step): one row of A
+    // along k, or A^T with rows exactly m apart, is read where it lies; any other layout (A^T
+    // padded, rows of A) is copied first for the whole depth; the same bits from each.
     for (const auto *uk : host_kernels()) {
         const std::string kernel_name = uk->name;
         CAPTURE(kernel_name);
@@ -564,6 +567,28 @@ TEST_CASE("A stored as is (rows any distance apart) or transposed gives the same
                         }
                     CHECK(bad == 0);
                 }
+                for (int64_t m = 1; m <= gemm::kBtRowsMax + 1; ++m)
+                    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100}})
+                        for (int64_t k : {int64_t{1}, int64_t{17}, int64_t{327}}) {
+                            CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(small); CAPTURE(threads);
+                            const int64_t lda = k + 1, ldb = k + 3;
+                            const auto a = test::random_floats(static_cast<size_t>(m * lda), static_cast<uint32_t>(m * 131 + k));
+                            const auto b = test::random_floats(static_cast<size_t>(n * ldb), static_cast<uint32_t>(n + 7));
+                            auto run = [&](char ta, const float *ap, int64_t ld) {
+                                std::vector<float> c(static_cast<size_t>(m * n), kSentinel);
+                                sgemm(rt, static_cast<Trans>(ta), Trans::T, m, n, k, 1.0f, ap, ld, b.data(), ldb, 0.0f,
+                                      c.data(), n);
+                                return c;
+                            };
+                            const auto c_rows = run('N', a.data(), lda);
+                            for (int64_t pad : {0, 2}) {  // A^T's rows m apart (read in place), then m + 2
+                                const int64_t ldt = m + pad;
+                                std::vector<float> at(static_cast<size_t>(k * ldt), kSentinel);
+                                for (int64_t i = 0; i < m; ++i)
+                                    for (int64_t p = 0; p < k; ++p) at[p * ldt + i] = a[i * lda + p];
+                                CHECK_MESSAGE(differing(run('T', at.data(), ldt), c_rows, m, n, n) == 0, "A^T pad ", pad);
+                            }
+                        }
             }
     }
 }
@@ -612,43 +637,6 @@ TEST_CASE("few rows against B^T (macro_bt_rows, C^T = B^T A^T): every row count 
                             CHECK_MESSAGE(differing(c, c_pre, m, n, ldc) == 0, "m=", m, " n=", n, " k=", k, " small=", small);
                         }
         }
-    }
-}
-
-TEST_CASE("few rows against B^T read A^T as it lies or copied: the bits of A row-major, for every layout of A") {
-    // macro_bt_rows takes A^T k x m (m floats a depth step): one row of A along k, or A^T with rows
-    // exactly m apart, is read where it lies; any other layout (A^T padded, rows of A) is copied
-    // first. The same A in each layout must give the same bits, on one thread and on two (which
-    // split B^T's columns), with small and default tiles (a depth past KC copies each block).
-    for (const auto *uk : host_kernels()) {
-        const std::string kernel_name = uk->name;
-        CAPTURE(kernel_name);
-        for (bool small : {true, false})
-            for (int threads : {1, 2}) {
-                Runtime rt(small ? small_tiles(*uk, threads) : default_tiles(*uk, threads));
-                for (int64_t m = 1; m <= gemm::kBtRowsMax + 1; ++m)
-                    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{100}})
-                        for (int64_t k : {int64_t{1}, int64_t{17}, int64_t{327}}) {
-                            CAPTURE(m); CAPTURE(n); CAPTURE(k); CAPTURE(small); CAPTURE(threads);
-                            const int64_t lda = k + 1, ldb = k + 3;
-                            const auto a = test::random_floats(static_cast<size_t>(m * lda), static_cast<uint32_t>(m * 131 + k));
-                            const auto b = test::random_floats(static_cast<size_t>(n * ldb), static_cast<uint32_t>(n + 7));
-                            auto run = [&](char ta, const float *ap, int64_t ld) {
-                                std::vector<float> c(static_cast<size_t>(m * n), kSentinel);
-                                sgemm(rt, static_cast<Trans>(ta), Trans::T, m, n, k, 1.0f, ap, ld, b.data(), ldb, 0.0f,
-                                      c.data(), n);
-                                return c;
-                            };
-                            const auto c_rows = run('N', a.data(), lda);
-                            for (int64_t pad : {0, 2}) {  // A^T's rows m apart (read in place), then m + 2
-                                const int64_t ldt = m + pad;
-                                std::vector<float> at(static_cast<size_t>(k * ldt), kSentinel);
-                                for (int64_t i = 0; i < m; ++i)
-                                    for (int64_t p = 0; p < k; ++p) at[p * ldt + i] = a[i * lda + p];
-                                CHECK_MESSAGE(differing(run('T', at.data(), ldt), c_rows, m, n, n) == 0, "A^T pad ", pad);
-                            }
-                        }
-            }
     }
 }
 
