@@ -111,10 +111,11 @@ void sgemm_macro_bt_rows(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const 
                         int64_t j = 0;
                         if constexpr (R + 1 >= kInsertsFromRows)
                             for (; j + W <= n; j += W)
-                                bt_rows_tile<Arch, R + 1, true>(W, k, kc_blk, at, bt + j * ldbt, ldbt, c + j, ldc, accumulate);
+                                bt_rows_tile<Arch, R + 1, true>(W, k, kc_blk, at, bt + j * ldbt, ldbt, c + j, ldc,
+                                                                accumulate);
                         for (; j < n; j += W)
-                            bt_rows_tile<Arch, R + 1, false>(n - j < W ? n - j : W, k, kc_blk, at, bt + j * ldbt, ldbt, c + j,
-                                                             ldc, accumulate);
+                            bt_rows_tile<Arch, R + 1, false>(n - j < W ? n - j : W, k, kc_blk, at, bt + j * ldbt,
+                                                             ldbt, c + j, ldc, accumulate);
                     }(),
                     true)) ||
                ...);
