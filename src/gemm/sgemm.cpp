@@ -424,7 +424,7 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
     panels[0] = {0, std::min(m, first), first};
     if (m > first) panels[1] = {first, m - first, m - first};
     const int count = m > first ? 2 : 1;
-    const int64_t kc_blk = depth_block(t, k), kc_max = std::min(k, kc_blk);
+    const int64_t kc_blk = depth_block(t, k);
     if (rows_path) {
         // A^T k x m, m floats a depth step (see bt_rows_tile): where A already lies so (one row of
         // A along k, or A^T with rows m apart), else copied. Each tile takes every depth block.
@@ -444,27 +444,25 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
         });
         return true;
     }
-    auto scratch = s.pool.borrow(static_cast<size_t>(kc_max * (panels[0].width + panels[1].width)));
-    for (int64_t pc = 0; pc < k; pc += kc_blk) {
-        const int64_t kc = std::min(kc_blk, k - pc);
-        const bool accumulate = pc > 0 || c.beta == 1.0f;
-        float *at = scratch.data();
-        for (int q = 0; q < count; ++q) {
-            Panel &pq = panels[q];
-            pq.at = at;
-            // One panel of A^T, its lanes past the rows zero: the packing's register transposes.
-            (pq.width == uk.nr ? uk.pack_b : uk.pack_lanes)(pq.rows, kc, a.at(pq.row, pc), a.rs, a.cs, at);
-            at += kc * pq.width;
-        }
-        parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
-            const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;
-            for (int q = 0; q < count; ++q) {
-                const Panel &pq = panels[q];
-                (pq.width > uk.lanes ? uk.macro_bt_wide : uk.macro_bt)(pq.rows, cols, kc, b.at(pc, j0), b.cs, pq.at,
-                                                                       c.p + pq.row * c.ld + j0, c.ld, accumulate);
-            }
-        });
+    // A^T's panels for the whole depth (a small multiple of A's size), so each tile walks every
+    // depth block before the next and reads its rows of B^T from start to end in one go.
+    auto scratch = s.pool.borrow(static_cast<size_t>(k * (panels[0].width + panels[1].width)));
+    float *at = scratch.data();
+    for (int q = 0; q < count; ++q) {
+        Panel &pq = panels[q];
+        pq.at = at;
+        // One panel of A^T, its lanes past the rows zero: the packing's register transposes.
+        (pq.width == uk.nr ? uk.pack_b : uk.pack_lanes)(pq.rows, k, a.at(pq.row, 0), a.rs, a.cs, at);
+        at += k * pq.width;
     }
+    parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
+        const int64_t j0 = q0 * MR, cols = std::min(n, q1 * MR) - j0;
+        for (int q = 0; q < count; ++q) {
+            const Panel &pq = panels[q];
+            (pq.width > uk.lanes ? uk.macro_bt_wide : uk.macro_bt)(pq.rows, cols, k, kc_blk, b.at(0, j0), b.cs, pq.at,
+                                                                   c.p + pq.row * c.ld + j0, c.ld, c.beta == 1.0f);
+        }
+    });
     return true;
 }
 

@@ -73,13 +73,14 @@ using MacroInPlaceFn = void (*)(int64_t mc, int64_t nc, int64_t kc, const float 
                                 const float *bp, float *c, int64_t ldc, float alpha, float beta, const float *bias);
 using MacroSupFn = void (*)(const SupArgs &args);
 // Few rows against B^T, as C^T = B^T A^T: C[0:m, 0:n] = A B (alpha = 1), or A B + C (beta = 1),
-// for m <= lanes() rows, over one depth block: bt holds B^T's rows (n x k, row i at bt + i * ldbt,
-// read in place as the microkernel's broadcast operand) and at A^T packed (k x lanes(), lane i = row
-// i of A, zeros past m). Each C element is the same ordered FMA chain over the block as on the
-// other paths (the product's operands swap, which changes no rounding).
+// for m <= lanes() rows: bt holds B^T's rows (n x k, row i at bt + i * ldbt, read in place as the
+// microkernel's broadcast operand) and at A^T packed (k x lanes(), lane i = row i of A, zeros past
+// m). The depth goes in blocks of kc_blk, each C element's block sums added to it in order: the
+// same ordered FMA chains and additions as on the other paths (the product's operands swap,
+// which changes no rounding).
 // macro_bt_wide: the same for lanes() < m <= nr rows, A^T packed k x nr (lane i = row i of A).
-using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
-                           int64_t ldc, bool accumulate);
+using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const float *bt, int64_t ldbt,
+                           const float *at, float *c, int64_t ldc, bool accumulate);
 // One to kBtRowsMax (9) rows against B^T, read in place and transposed in registers on the way:
 // C[0:m, 0:n] = A B, or A B + C (accumulate); B^T's rows at bt (n x k, row j at bt + j * ldbt) and
 // A^T k x m (at[p m + i] = A(i, p): a single row of A is itself). The depth goes in blocks of

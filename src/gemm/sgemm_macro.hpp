@@ -444,21 +444,28 @@ void sgemm_macro_sup(const SupArgs &s) {
 // Few rows against B^T (see MacroBtFn): MR rows of B^T at a time are the broadcast operand, read
 // in place, and A^T's one packed panel (NV vectors wide) the vector one, so the weight is read
 // once and never transposed; the MR x NV lanes tile of C^T goes through a local buffer into C's
-// columns. NV = 1 up to the lanes (macro_bt), the kernel's NV up to its NR (macro_bt_wide).
+// columns, one depth block at a time (each block's sums added to C in order). A tile walks every
+// depth block before the next, so each row of B^T is read from start to end in one go.
+// NV = 1 up to the lanes (macro_bt), the kernel's NV up to its NR (macro_bt_wide).
 template <class Arch, int MR, int NV = 1>
-void sgemm_macro_bt(int64_t m, int64_t n, int64_t k, const float *bt, int64_t ldbt, const float *at, float *c,
-                    int64_t ldc, bool accumulate) {
+void sgemm_macro_bt(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const float *bt, int64_t ldbt, const float *at,
+                    float *c, int64_t ldc, bool accumulate) {
     constexpr int P = NV * static_cast<int>(xsimd::batch<float, Arch>::size);
     for (int64_t j = 0; j < n; j += MR) {
         const int64_t mr = n - j < MR ? n - j : MR;
-        alignas(64) float t[MR * P];
-        sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, k, bt + j * ldbt, ldbt, 1, at, P, t, P, 1.0f, 0.0f);
-        for (int64_t i = 0; i < m; ++i) {
-            float *row = c + i * ldc + j;
-            if (accumulate)
-                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i] + row[r];
-            else
-                for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i];
+        for (int64_t pc = 0; pc < k; pc += kc_blk) {
+            const int64_t kc = k - pc < kc_blk ? k - pc : kc_blk;
+            alignas(64) float t[MR * P];
+            sgemm_ukernel_rows<Arch, MR, NV, Layout::packed>(mr, kc, bt + j * ldbt + pc, ldbt, 1, at + pc * P, P, t, P,
+                                                             1.0f, 0.0f);
+            const bool add = accumulate || pc > 0;
+            for (int64_t i = 0; i < m; ++i) {
+                float *row = c + i * ldc + j;
+                if (add)
+                    for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i] + row[r];
+                else
+                    for (int64_t r = 0; r < mr; ++r) row[r] = t[r * P + i];
+            }
         }
     }
 }
