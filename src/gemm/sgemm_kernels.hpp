@@ -108,7 +108,7 @@ struct SgemmKernel {
     int chain_rows;  // a strip of at most this many rows may take SupArgs::chain (kChainRows)
     MacroInPlaceFn macro_in_place;
     MacroBtFn macro_bt_wide;
-    PackBlockFn pack_lanes;  // pack_b's packing into panels `lanes` wide (A^T for macro_bt, macro_bt_rows)
+    PackBlockFn pack_lanes;  // pack_b's packing into panels `lanes` wide (A^T for macro_bt)
 };
 
 std::span<const SgemmKernel> sgemm_kernels_avx2();
