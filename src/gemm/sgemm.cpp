@@ -413,18 +413,7 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
     const bool rows_path = m <= (uk.lanes == 16 ? kBtRowsMax : 8);
     auto b_at_most = [&](int64_t floats) { return n <= floats && k <= floats && n * k <= floats; };  // (no overflow)
     if (!rows_path && m != uk.lanes && (b_at_most(64 * 64) || (m > uk.nr && k <= 64 && b_at_most(32 * 1024)))) return false;
-    const TileConfig &t = s.tiles;
-    const int64_t MR = uk.mr;
-    // A^T's panels: NR wide past the lanes, else one of the lanes; a second one (full) past NR rows.
-    struct Panel {
-        int64_t row = 0, rows = 0, width = 0;
-        float *at = nullptr;
-    } panels[2];
-    const int64_t first = m > uk.lanes ? uk.nr : uk.lanes;
-    panels[0] = {0, std::min(m, first), first};
-    if (m > first) panels[1] = {first, m - first, m - first};
-    const int count = m > first ? 2 : 1;
-    const int64_t kc_blk = depth_block(t, k);
+    const int64_t kc_blk = depth_block(s.tiles, k);
     if (rows_path) {
         // A^T k x m, m floats a depth step (see bt_rows_tile): where A already lies so (one row of
         // A along k, or A^T with rows m apart), else copied. Each tile takes every depth block.
@@ -444,6 +433,16 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
         });
         return true;
     }
+    const int64_t MR = uk.mr;
+    // A^T's panels: NR wide past the lanes, else one of the lanes; a second one (full) past NR rows.
+    struct Panel {
+        int64_t row = 0, rows = 0, width = 0;
+        float *at = nullptr;
+    } panels[2];
+    const int64_t first = m > uk.lanes ? uk.nr : uk.lanes;
+    panels[0] = {0, std::min(m, first), first};
+    if (m > first) panels[1] = {first, m - first, m - first};
+    const int count = m > first ? 2 : 1;
     // A^T's panels for the whole depth (a small multiple of A's size), so each tile walks every
     // depth block before the next and reads its rows of B^T from start to end in one go.
     auto scratch = s.pool.borrow(static_cast<size_t>(k * (panels[0].width + panels[1].width)));
