@@ -163,6 +163,10 @@ TEST_CASE("mha-tune: every flag") {
     CHECK(o.csv == "c.csv");
     CHECK(o.threads == 2);
     CHECK(o.max_candidates == 3);
+    CHECK_FALSE(o.list);
+    CHECK(parse_tune_args({"--list", "--quick", "--threads", "2"}).list);
+    CHECK_THROWS_AS(parse_tune_args({"--list", "--out", "t.json"}), UsageError);
+    CHECK_THROWS_AS(parse_tune_args({"--list", "--csv", "c.csv"}), UsageError);
     CHECK(parse_tune_args({"-h"}).help);
     CHECK_THROWS_AS(parse_tune_args({"--out"}), UsageError);
     CHECK_THROWS_AS(parse_tune_args({"--threads", "x"}), UsageError);

@@ -4,6 +4,7 @@
 // they claim.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +108,42 @@ TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a
     CHECK(f.tiles.parallel_min_flops <= int64_t{32} << 20);
     CHECK(f.tiles.parallel_min_elems >= int64_t{64} << 10);
     CHECK(f.tiles.parallel_min_elems <= int64_t{1} << 20);
+}
+
+TEST_CASE("mha-tune --list prints each search's candidates once each and the shapes that score them, measuring none") {
+    const auto r = run_tool("MHA_TUNE", "--list --threads 2", false, "MHA_PARALLEL_ALWAYS= MHA_ISA=");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("speedup") == std::string::npos);  // nothing timed
+    CHECK(r.output.find("of measuring, at the least\n") != std::string::npos);
+    // "<phase>: <n> candidates, each timed on <shape>, <shape>..." and then n lines of two spaces and one candidate.
+    std::map<std::string, std::vector<std::string>> listed;
+    std::map<std::string, size_t> announced;
+    std::istringstream in(r.output);
+    std::string line, phase;
+    while (std::getline(in, line)) {
+        if (line.rfind("  ", 0) == 0) {
+            REQUIRE_FALSE(phase.empty());
+            listed[phase].push_back(line.substr(2));
+        } else if (const auto colon = line.find(": "); colon != std::string::npos && line.find(" candidates, each timed on ") != std::string::npos) {
+            phase = line.substr(0, colon);
+            announced[phase] = std::stoul(line.substr(colon + 2));
+        }
+    }
+    CHECK(announced.size() == 5);
+    for (const char *p : {"gemm", "attention", "rows", "threads", "elems"}) {
+        CAPTURE(p);
+        REQUIRE(listed.count(p));
+        const auto &c = listed.at(p);
+        CHECK(c.size() == announced[p]);
+        // No candidate twice (sizes taken as shares of a large cache can clamp to one value).
+        CHECK(std::set<std::string>(c.begin(), c.end()).size() == c.size());
+    }
+    const TileConfig def = default_tile_config(best_isa(), detect_cache_sizes());
+    const auto &gemm = listed.at("gemm");
+    CHECK(std::any_of(gemm.begin(), gemm.end(), [&](const std::string &c) { return c.rfind(def.gemm_ukernel + " ", 0) == 0; }));
+    CHECK(r.output.find("gemm: " + std::to_string(gemm.size()) + " candidates, each timed on gemm 2048x1536x512 NT") != std::string::npos);
+    CHECK(r.output.find("threads: ") != std::string::npos);
 }
 
 TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with the file and the problem") {

@@ -84,13 +84,15 @@ const char *const kBenchUsage =
     "  --json       print one JSON object instead of the table\n";
 
 const char *const kTuneUsage =
-    "usage: mha-tune [--quick] [--out FILE] [--csv FILE] [--threads N]\n"
+    "usage: mha-tune [--quick] [--list] [--out FILE] [--csv FILE] [--threads N]\n"
     "  Searches the GEMM blocking (MC, KC, NC, microkernel) and the attention tiles (query block, key\n"
     "  block) that fit this CPU's caches, on the projection and attention shapes; then sup_chain_rows on\n"
     "  few-row products and, with --threads above 1, parallel_min_flops and parallel_min_elems on small\n"
     "  calls made after the workers have gone to sleep; and compares the best with the defaults (over\n"
     "  all shapes, or it keeps the defaults).\n"
-    "  --quick          a short search (about a minute on one thread)\n"
+    "  --quick          a short search (about half a minute on one thread)\n"
+    "  --list           print the candidates each search would measure (the later searches' from the\n"
+    "                   defaults) and the shapes it times them on, and measure nothing\n"
     "  --out FILE       write the best tile config as JSON (MHA_TILE_CONFIG=FILE makes the runtime use it)\n"
     "  --csv FILE       write every measured candidate\n"
     "  --threads N      threads to tune for (default 1)\n"
@@ -285,12 +287,16 @@ BenchOptions parse_bench_args(const std::vector<std::string> &args) {
 TuneOptions parse_tune_args(const std::vector<std::string> &args) {
     TuneOptions o;
     walk(args,
-         {{"--quick", [&] { o.quick = true; }}, {"--help", [&] { o.help = true; }}, {"-h", [&] { o.help = true; }}},
+         {{"--quick", [&] { o.quick = true; }},
+          {"--list", [&] { o.list = true; }},
+          {"--help", [&] { o.help = true; }},
+          {"-h", [&] { o.help = true; }}},
          {{"--out", [&](const std::string &v) { o.out = v; }},
           {"--csv", [&](const std::string &v) { o.csv = v; }},
           {"--threads", [&](const std::string &v) { o.threads = static_cast<int>(parse_int("--threads", v, 1, 1024)); }},
           {"--max-candidates",
            [&](const std::string &v) { o.max_candidates = static_cast<int>(parse_int("--max-candidates", v, 1, 1000000)); }}});
+    if (o.list && !(o.out.empty() && o.csv.empty())) throw UsageError("--list measures nothing: it takes no --out or --csv");
     return o;
 }
 

@@ -66,6 +66,7 @@ extern const char *const kBenchUsage;
 
 struct TuneOptions {
     bool quick = false, help = false;
+    bool list = false;            // print the candidates each search would measure, and measure none
     std::string out, csv;
     int threads = 1;
     int max_candidates = 0;       // 0 = no limit (the tests use a few)

@@ -164,6 +164,13 @@ std::vector<int64_t> kc_candidates(const gemm::SgemmKernel &uk, int64_t l1d, boo
     return kcs;
 }
 
+// Where caches are large several of the sizes above clamp to one value (Xeon model 207, L3 260
+// MiB: MC 4088 for a quarter and an eighth of L3 alike, half of the list twice), so a candidate
+// joins the list only once.
+void add_unique(std::vector<TileConfig> &out, const TileConfig &t) {
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+}
+
 std::vector<TileConfig> gemm_candidates(Isa isa, const CacheSizes &c, const TileConfig &def, bool quick) {
     std::vector<TileConfig> out;
     const int64_t def_nr = gemm::find_sgemm_kernel(def.gemm_ukernel)->nr;
@@ -180,7 +187,7 @@ std::vector<TileConfig> gemm_candidates(Isa isa, const CacheSizes &c, const Tile
                     t.sup_max_k = kc;
                     t.sup_max_n = def.sup_max_n / def_nr * uk.nr;  // the default's panels (AVX-512 2, AVX2 16)
                     t.attn_block_q = 8 * uk.mr;  // the default's rule for this kernel's MR
-                    out.push_back(t);
+                    add_unique(out, t);
                 }
             }
         }
@@ -200,7 +207,7 @@ std::vector<TileConfig> attention_candidates(const CacheSizes &c, const TileConf
             t.attn_block_q = bq;
             t.attn_block_k = bk;
             t.attn_kv_chunk = std::max<int64_t>(1024, bk) / bk * bk;
-            out.push_back(t);
+            add_unique(out, t);
         }
     return out;
 }
@@ -293,6 +300,30 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
     }
 }
 
+// --list: each search's candidates (the later searches' as they would be on the defaults) and the
+// shapes that score them, and about how long measuring them all would take (each candidate times
+// each of its shapes for `budget` seconds; the verdict times every shape for twice that).
+void list_searches(const std::vector<Shape> &shapes, double budget,
+                   const std::vector<std::pair<std::string, std::vector<TileConfig>>> &searches) {
+    double seconds = 0;
+    for (const auto &[phase, candidates] : searches) {
+        std::vector<std::string> names;
+        for (const auto &s : shapes)
+            if (scored_in(s, phase)) names.push_back(s.name);
+        if (candidates.empty() || names.empty()) continue;
+        std::printf("%s: %zu candidates, each timed on", phase.c_str(), candidates.size());
+        for (size_t i = 0; i < names.size(); ++i) std::printf("%s %s", i ? "," : "", names[i].c_str());
+        std::printf("\n");
+        for (const auto &t : candidates) std::printf("  %s\n", describe(phase, t).c_str());
+        seconds += static_cast<double>(candidates.size() * names.size()) * budget;
+    }
+    seconds += static_cast<double>(shapes.size()) * 2 * budget;
+    if (seconds < 120)
+        std::printf("about %.0f seconds of measuring, at the least\n", seconds);
+    else
+        std::printf("about %.0f minutes of measuring, at the least\n", seconds / 60);
+}
+
 std::string now_utc() {
     const std::time_t t = std::time(nullptr);
     char buf[32];
@@ -331,6 +362,14 @@ int tune(const cli::TuneOptions &o) {
         return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
                (thresholds ? limit(threads_candidates(t, o.quick)).size() + limit(elems_candidates(t, o.quick)).size() : 0);
     };
+    if (o.list) {
+        list_searches(shapes, budget, {{"gemm", gc},
+                                       {"attention", limit(attention_candidates(caches, def, o.quick))},
+                                       {"rows", limit(rows_candidates(def, o.quick))},
+                                       {"threads", thresholds ? limit(threads_candidates(def, o.quick)) : std::vector<TileConfig>{}},
+                                       {"elems", thresholds ? limit(elems_candidates(def, o.quick)) : std::vector<TileConfig>{}}});
+        return 0;
+    }
     const int total_guess = static_cast<int>(gc.size() + later(def));
     std::vector<Measured> all;
     int done = 0;
