@@ -91,6 +91,11 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 1.000-1.007x, 6x64 KC 768 0.996-1.002x, the rest 0.849-0.99x: under the tuner's 2% bar, the
     // defaults kept. In mha-bench there (1 thread, against dnnl_sgemm): 1024^3 1.01-1.02x at 91-92%
     // of the probe, 2048^3 1.00x (90%), 4096x1536x512 NT 1.02x, 512x512x64 NT 0.96x.
+    // (Those 96 held each candidate twice: MC clamps to 4088 for a quarter and an eighth of the
+    // 260 MiB L3. mha-tune now measures each once.) The same model on 2026-11-28, full search of the
+    // 48, 1 thread (5.3 minutes): 14x32 0.945-0.993x, 6x64 0.927-1.014x (KC 768 NC 512), 8x48
+    // 0.954-1.003x; 2 threads (6 minutes): 14x32 0.924-1.000x (KC 656 NC 576), 6x64 0.860-0.994x,
+    // 8x48 0.888-0.965x. Under the 2% bar both times: the defaults stand.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
@@ -137,6 +142,8 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // (1x2000x2000 0.921x), 1 1.004x, 3 0.978x, 4 0.948x (4x1500x1000 0.864x), 6 0.921x: 2 stays.
     // The newer Xeon (model 207, 2026-11-26 evening), full search, 1 / 2 threads: 0 0.993x /
     // 0.989x, 1 1.014x / 1.012x, 3 0.963x / 0.939x, 4 0.936x / 0.913x, 6 0.895x / 0.791x: 2 stays.
+    // Again on 2026-11-28, 1 / 2 threads: 0 0.989x / 0.996x, 1 1.016x / 1.011x, 3 0.961x / 0.954x,
+    // 4 0.926x / 0.925x, 6 0.883x / 0.908x.
     t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
@@ -174,7 +181,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // The newer Xeon (model 207, 2026-11-26 evening), full search, 1 / 2 threads, BQ 28-224: BK 512
     // 1.025-1.038x / 1.017-1.046x, BK 256 0.992-1.004x / 0.997-1.015x, BK 128 0.945-0.964x /
     // 0.949-0.964x, BK 64 0.874-0.892x / 0.872-0.882x. BK 512 is the tuner's pick there (L1024-2048
-    // prefill only); the default stays 256 for decode's sake, as above.
+    // prefill only); the default stays 256 for decode's sake, as above. Again on 2026-11-28, 1 / 2
+    // threads: BK 512 1.010-1.021x / 1.014-1.025x, BK 256 0.989-1.008x / 0.995-1.027x (BQ 224 the
+    // 2-thread step's pick, then level with the defaults over all shapes, 1.00x: kept).
     // A sequence's last block under BQ / 2 rows shares the last two blocks evenly (Shape::block_start:
     // L128 as 64 + 64, not 112 + 16): Xeon, 1 thread, H8 D64, L128 +2.7-2.9%, causal +5.7%.
     t.attn_block_q = 8 * uk.mr;
@@ -231,7 +240,9 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 2048 (256K) 1.21x, 4096 1.45x; back to back 1.55x from 1024 rows. So this host wakes a
     // worker for less than the other Xeon's (256K elements 0.92x there): the break-even follows the
     // hypervisor more than the core. 256K a thread stays; mha-tune --threads 2 finds 128K on such
-    // a host and writes it.
+    // a host and writes it. Again on 2026-11-28 (2 threads, full search): 2 MFLOP 0.862x, 4 MFLOP
+    // 0.956x, 16 MFLOP 0.997x, 32 MFLOP 0.982x; elements 64K 0.949x, 128K 1.016x, 512K 0.962x, 1M
+    // 0.847x: both stay.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
