@@ -115,7 +115,7 @@ TEST_CASE("mha-tune --list prints each search's candidates once each and the sha
     INFO(r.output);
     REQUIRE(r.code == 0);
     CHECK(r.output.find("speedup") == std::string::npos);  // nothing timed
-    CHECK(r.output.find("of measuring, at the least\n") != std::string::npos);
+    CHECK(r.output.find(" of measuring\n") != std::string::npos);
     // "<phase>: <n> candidates, each timed on <shape>, <shape>..." and then n lines of two spaces and one candidate.
     std::map<std::string, std::vector<std::string>> listed;
     std::map<std::string, size_t> announced;

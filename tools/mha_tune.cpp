@@ -301,8 +301,9 @@ void search(const std::string &phase, const std::vector<TileConfig> &candidates,
 }
 
 // --list: each search's candidates (the later searches' as they would be on the defaults) and the
-// shapes that score them, and about how long measuring them all would take (each candidate times
-// each of its shapes for `budget` seconds; the verdict times every shape for twice that).
+// shapes that score them, and about how long measuring them all would take: each candidate times
+// each of its shapes for `budget` seconds, the verdict every shape for twice that (a shape of short
+// calls after an idle gap may stop sooner, at time_interleaved's 1000 rounds).
 void list_searches(const std::vector<Shape> &shapes, double budget,
                    const std::vector<std::pair<std::string, std::vector<TileConfig>>> &searches) {
     double seconds = 0;
@@ -319,9 +320,9 @@ void list_searches(const std::vector<Shape> &shapes, double budget,
     }
     seconds += static_cast<double>(shapes.size()) * 2 * budget;
     if (seconds < 120)
-        std::printf("about %.0f seconds of measuring, at the least\n", seconds);
+        std::printf("about %.0f seconds of measuring\n", seconds);
     else
-        std::printf("about %.0f minutes of measuring, at the least\n", seconds / 60);
+        std::printf("about %.0f minutes of measuring\n", seconds / 60);
 }
 
 std::string now_utc() {
