@@ -33,6 +33,7 @@
 
 #include "bench/bench_support.hpp"
 #include "gemm/sgemm_kernels.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "mha/isa.hpp"
 #include "mha/tile_config.hpp"
 
@@ -60,17 +61,18 @@ using Floats = std::vector<float, Aligned64<float>>;
 struct Parts {
     const gemm::SgemmKernel &uk;
     int64_t kc, nc;
+    bool inserts;  // the tiles' register transpose (pack_a's transposes)
     static constexpr int64_t kRows = 1024, kLd = 1024, kPanels = 8;
     Floats a, b, ap, bp, c;
 
     Parts(const gemm::SgemmKernel &k, const TileConfig &t)
-        : uk(k), kc(t.kc), nc(std::min<int64_t>(t.nc, kLd)), a(static_cast<size_t>(kRows * kLd)), b(a.size()),
+        : uk(k), kc(t.kc), nc(std::min<int64_t>(t.nc, kLd)), inserts(t.transpose == "inserts"), a(static_cast<size_t>(kRows * kLd)), b(a.size()),
           ap(static_cast<size_t>((kRows + k.mr) * t.kc)), bp(static_cast<size_t>(std::max(kLd, kPanels * k.nr) * t.kc)),
           c(static_cast<size_t>(kRows * kLd), 0.0f) {
         bench::fill_hashed(a.data(), a.size(), 1, 1.0f);
         bench::fill_hashed(b.data(), b.size(), 2, 1.0f);
-        uk.pack_a(kRows, kc, a.data(), kLd, 1, ap.data());
-        uk.pack_b(nc, kc, b.data(), 1, kLd, bp.data());
+        uk.pack_a(kRows, kc, a.data(), kLd, 1, ap.data(), inserts);
+        uk.pack_b(nc, kc, b.data(), 1, kLd, bp.data(), inserts);
     }
 };
 
@@ -115,14 +117,14 @@ void register_parts(const gemm::SgemmKernel &uk, const TileConfig &t) {
     })->UseRealTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark((base + "pack_a" + tiles).c_str(), [p](benchmark::State &st) {
         for (auto _ : st) {
-            p->uk.pack_a(Parts::kRows, p->kc, p->a.data(), Parts::kLd, 1, p->ap.data());
+            p->uk.pack_a(Parts::kRows, p->kc, p->a.data(), Parts::kLd, 1, p->ap.data(), p->inserts);
             benchmark::DoNotOptimize(p->ap.data());
         }
         bytes_counter(st, 4.0 * static_cast<double>(Parts::kRows * p->kc));
     })->UseRealTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark((base + "pack_b" + tiles).c_str(), [p](benchmark::State &st) {
         for (auto _ : st) {
-            p->uk.pack_b(p->nc, p->kc, p->b.data(), 1, Parts::kLd, p->bp.data());
+            p->uk.pack_b(p->nc, p->kc, p->b.data(), 1, Parts::kLd, p->bp.data(), p->inserts);
             benchmark::DoNotOptimize(p->bp.data());
         }
         bytes_counter(st, 4.0 * static_cast<double>(p->nc * p->kc));
@@ -152,7 +154,8 @@ int main(int argc, char **argv) {
     std::printf("FMA peak: %.1f GFLOP/s (1 thread); L1d %lld KiB, L2 %lld KiB\n", g_peak,
                 static_cast<long long>(caches.l1d >> 10), static_cast<long long>(caches.l2 >> 10));
     for (Isa isa : supported_isas()) {
-        const TileConfig t = default_tile_config(isa, caches);
+        TileConfig t = default_tile_config(isa, caches);
+        gemm::apply_transpose_env(t.transpose);  // as a runtime would
         const gemm::SgemmKernel *uk = gemm::find_sgemm_kernel(t.gemm_ukernel);
         if (uk) register_parts(*uk, t);
     }

@@ -317,17 +317,16 @@ TEST_CASE("Q packed in panels for blocks that walk three key tiles or more: the 
 }
 
 TEST_CASE("K^T's pack: both register transposes (shuffles, inserts) give the same bits, every ISA") {
-    // The transposing pack (gemm/sgemm_pack.hpp) takes the process's register transpose
-    // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
-    // floats. kCases' head dims lie below, at and past a 16- and an 8-deep block (3 to 65), and
-    // their keys cut the panels anywhere; two more cases take whole blocks and many rows.
-    const test::RestoreTranspose restore;
+    // The transposing pack (gemm/sgemm_pack.hpp) takes the runtime's register transpose
+    // (TileConfig::transpose, gemm/transpose_variant.hpp); both must move the same floats.
+    // kCases' head dims lie below, at and past a 16- and an 8-deep block (3 to 65), and their keys
+    // cut the panels anywhere; two more cases take whole blocks and many rows.
     const Case extra[] = {{"H8 D128, keys past a panel", 1, 20, 70, 8, 8, 128, 128},
                           {"D40, causal, several tiles", 2, 30, 300, 2, 2, 40, 24, true}};
     std::vector<Case> cases(std::begin(kCases), std::end(kCases));
     cases.insert(cases.end(), std::begin(extra), std::end(extra));
     for (const auto &o : runtimes(1)) {
-        Runtime rt(o);
+        const test::BothTransposes both{Runtime(o)};
         for (const auto &c : cases) {
             CAPTURE(std::string(isa_name(*o.isa)));
             CAPTURE(o.tiles.has_value());
@@ -335,9 +334,8 @@ TEST_CASE("K^T's pack: both register transposes (shuffles, inserts) give the sam
             Data d = make(c, 31);
             std::vector<float> out[2];
             for (int v = 0; v < 2; ++v) {
-                mha::gemm::set_transpose_variant(v ? mha::gemm::TransposeVariant::inserts : mha::gemm::TransposeVariant::shuffles);
                 out[v].assign(static_cast<size_t>(c.B * c.Lq * c.H * c.Dv), test::kSentinel);
-                attention(rt, d.p, d.q.data(), d.k.data(), d.v.data(), out[v].data());
+                attention(*both.rt[v], d.p, d.q.data(), d.k.data(), d.v.data(), out[v].data());
             }
             CHECK(test::same_bits(out[0], out[1]));
         }

@@ -12,7 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "gemm/transpose_variant.hpp"
+#include "mha/runtime.hpp"
+#include "mha/tile_config.hpp"
 #include "mha/mha.h"
 
 namespace {
@@ -105,31 +106,35 @@ TEST_CASE("MHA_ISA selects or refuses an ISA") {
     unsetenv("MHA_ISA");
 }
 
-TEST_CASE("MHA_TRANSPOSE selects or refuses the few-rows GEMM's transpose, for the whole process") {
-    struct Restore {  // the variable and the choice as they were, however the case ends
+TEST_CASE("MHA_TRANSPOSE overrides every runtime's transpose or is refused; without it the tiles' key holds") {
+    struct Restore {  // the variable as it was, however the case ends
         const char *env = std::getenv("MHA_TRANSPOSE");
         std::string value = env ? env : "";
-        mha::gemm::TransposeVariant variant = mha::gemm::transpose_variant();
         ~Restore() {
             if (env) setenv("MHA_TRANSPOSE", value.c_str(), 1);
             else unsetenv("MHA_TRANSPOSE");
-            mha::gemm::set_transpose_variant(variant);
         }
     } restore;
-    const mha::gemm::TransposeVariant saved = restore.variant;
+    unsetenv("MHA_TRANSPOSE");
+    mha::TileConfig tiles = mha::Runtime(mha::RuntimeOptions{1, {}, {}, {}}).tiles();
     mha_runtime *rt = nullptr;
     setenv("MHA_TRANSPOSE", "rotate", 1);
     CHECK(mha_runtime_create(1, &rt) == MHA_INVALID_ARGUMENT);
     CHECK(rt == nullptr);
     CHECK(contains(mha_last_error(), "MHA_TRANSPOSE"));
-    CHECK(mha::gemm::transpose_variant() == saved);  // refused: nothing changed
-    for (auto [name, want] : {std::pair{"shuffles", mha::gemm::TransposeVariant::shuffles},
-                              {"inserts", mha::gemm::TransposeVariant::inserts}}) {
+    CHECK_THROWS_AS(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}), mha::Error);
+    for (const char *name : {"shuffles", "inserts"}) {
         setenv("MHA_TRANSPOSE", name, 1);
         REQUIRE(mha_runtime_create(1, &rt) == MHA_OK);
-        CHECK(mha::gemm::transpose_variant() == want);
         mha_runtime_destroy(rt);
         rt = nullptr;
+        tiles.transpose = std::string(name) == "inserts" ? "shuffles" : "inserts";  // the other one
+        CHECK(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}).tiles().transpose == name);
+    }
+    unsetenv("MHA_TRANSPOSE");
+    for (const char *name : {"shuffles", "inserts"}) {
+        tiles.transpose = name;
+        CHECK(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}).tiles().transpose == name);
     }
 }
 

@@ -12,7 +12,6 @@
 
 #include "gemm/prepacked.hpp"
 #include "gemm/sgemm_kernels.hpp"
-#include "gemm/transpose_variant.hpp"
 #include "mha/gemm.hpp"
 #include "gemm_test_util.hpp"
 #include "reference.hpp"
@@ -106,14 +105,11 @@ void on_every_kernel_and_tiling(const Fn &fn) {
     }
 }
 
-// check_gemm under each register transpose (shuffles, then inserts: gemm/transpose_variant.hpp),
-// and the two results bit for bit.
-void check_both_transposes(Runtime &rt, const GemmCase &g, bool small) {
+// check_gemm under each register transpose (shuffles, then inserts: TileConfig::transpose), on
+// runtimes otherwise like rt, and the two results bit for bit.
+void check_both_transposes(const test::BothTransposes &both, const GemmCase &g, bool small) {
     std::vector<float> c[2];
-    for (int v = 0; v < 2; ++v) {
-        gemm::set_transpose_variant(v ? gemm::TransposeVariant::inserts : gemm::TransposeVariant::shuffles);
-        c[v] = check_gemm(rt, g);
-    }
+    for (int v = 0; v < 2; ++v) c[v] = check_gemm(*both.rt[v], g);
     CHECK_MESSAGE(differing(c[0], c[1], g.m, g.n, g.n + g.pad_c) == 0, describe(g), " small=", small);
 }
 
@@ -232,13 +228,13 @@ TEST_CASE("all four transpose pairs, alpha/beta variants and beta = 0 over NaN")
 
 TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
     // From 5 rows macro_bt_rows transposes B^T's blocks with either form of Transpose's columns
-    // (gemm/transpose_variant.hpp: the CPU's choice, or MHA_TRANSPOSE); both must move the same
+    // (gemm/transpose_variant.hpp: TileConfig::transpose); both must move the same
     // floats. Every row count the path takes and the ones around it; columns whose last block
     // holds 1, 3, 4, 7, 10, 13 or 15 of a 16 x 16 block's rows (1-7 of an 8 x 8 one) or all of
     // them; depths below, at and past a block; beta 0 and 1; an odd ldb; small and default tiles.
     // Against double under each form, and the two results bit for bit.
-    const test::RestoreTranspose restore;
     on_every_kernel_and_tiling([](Runtime &rt, bool small) {
+        const test::BothTransposes both(rt);
         for (int64_t m = 1; m <= 10; ++m)
             for (int64_t n : {1, 7, 15, 16, 17, 19, 26, 29, 33, 100})
                 for (int64_t k : {1, 15, 16, 17, 40})
@@ -249,19 +245,19 @@ TEST_CASE("few rows against B^T: both register transposes (shuffles, inserts) gi
                         g.pad_b = 3; g.pad_c = 1;
                         g.nan_in_c = beta == 0.0f;
                         g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
-                        check_both_transposes(rt, g, small);
+                        check_both_transposes(both, g, small);
                     }
     });
 }
 
 TEST_CASE("packing B^T and A^T: both register transposes (shuffles, inserts) give the same bits, on every kernel") {
-    // The transposing pack (sgemm_pack.hpp: B^T's panels, A^T's strips) takes the process's
-    // register transpose (gemm/transpose_variant.hpp); both must move the same floats. Rows and
+    // The transposing pack (sgemm_pack.hpp: B^T's panels, A^T's strips) takes the runtime's
+    // register transpose (TileConfig::transpose); both must move the same floats. Rows and
     // columns that cut a 16 x 16 (8 x 8) block anywhere, depths below, at and past a block and past
     // the small tiles' KC; NT, TN and TT; odd leading dimensions. Against double under each form,
     // and the two results bit for bit.
-    const test::RestoreTranspose restore;
     on_every_kernel_and_tiling([](Runtime &rt, bool small) {
+        const test::BothTransposes both(rt);
         for (auto [ta, tb] : {std::pair{'N', 'T'}, {'T', 'N'}, {'T', 'T'}})
             for (int64_t m : {29, 131})
                 for (int64_t n : {7, 33, 70})
@@ -271,7 +267,7 @@ TEST_CASE("packing B^T and A^T: both register transposes (shuffles, inserts) giv
                         g.m = m; g.n = n; g.k = k;
                         g.pad_a = 3; g.pad_b = 1; g.pad_c = 2;
                         g.seed = static_cast<uint32_t>(m * 131 + n * 7 + k);
-                        check_both_transposes(rt, g, small);
+                        check_both_transposes(both, g, small);
                     }
     });
 }

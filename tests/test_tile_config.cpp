@@ -41,6 +41,7 @@ TileConfigFile tuned() {
     f.tiles.parallel_min_flops = 12345;
     f.tiles.parallel_min_elems = 678;
     f.tiles.sup_chain_rows = 5;
+    f.tiles.transpose = f.tiles.transpose == "inserts" ? "shuffles" : "inserts";  // the other one
     return f;
 }
 
@@ -65,6 +66,8 @@ TEST_CASE("a tile config round-trips through its JSON and reaches the runtime") 
     CHECK(g.tiles.parallel_min_flops == 12345);
     CHECK(g.tiles.parallel_min_elems == 678);
     CHECK(g.tiles.sup_chain_rows == 5);
+    CHECK(g.tiles.transpose == f.tiles.transpose);
+    CHECK(g.tiles.transpose != default_tile_config(f.isa, detect_cache_sizes()).transpose);
     CHECK(tile_config_json(g) == text);
 
     const std::string path = write("good.json", text);
@@ -73,6 +76,7 @@ TEST_CASE("a tile config round-trips through its JSON and reaches the runtime") 
         o.tile_config_path = path;
         Runtime rt(o);
         CHECK(rt.tiles().kc == 200);
+        if (!std::getenv("MHA_TRANSPOSE")) CHECK(rt.tiles().transpose == f.tiles.transpose);
     }
     SUBCASE("MHA_TILE_CONFIG") {
         setenv("MHA_TILE_CONFIG", path.c_str(), 1);
@@ -131,6 +135,9 @@ TEST_CASE("a broken tile config fails runtime creation, naming the file and the 
         {"sup_chain_rows too large", head + R"("tiles": {"sup_chain_rows": 65}})", "sup_chain_rows must be in"},
         {"negative sup_chain_rows", head + R"("tiles": {"sup_chain_rows": -1}})", "sup_chain_rows must be in"},
         {"unknown microkernel", head + R"("tiles": {"gemm_ukernel": "avx512_99x99"}})", "not a known microkernel"},
+        {"unknown transpose", head + R"("tiles": {"transpose": "rotate"}})", "transpose must be \"shuffles\" or \"inserts\""},
+        {"empty transpose", head + R"("tiles": {"transpose": ""}})", "transpose must be"},
+        {"transpose not a string", head + R"("tiles": {"transpose": 1}})", "tiles.transpose must be a string"},
         {"wrong format", R"({"format": "other", "version": 1, "isa": "avx2", "tiles": {}})", "\"format\" must be"},
         {"wrong version", R"({"format": "mha-tile-config", "version": 7, "isa": "avx2", "tiles": {}})", "\"version\" must be 1"},
         {"unknown isa", R"({"format": "mha-tile-config", "version": 1, "isa": "sse2", "tiles": {}})", "not one of avx2"},
@@ -219,7 +226,7 @@ TEST_CASE("a call that reads more than it computes counts its stream toward the 
 // The per-CPU GEMM blocking rules of default_tile_config, on the caches of the machines they were
 // measured on (src/runtime/tile_config.cpp). Only the numbers are computed: no kernel runs, so
 // every rule is checked on any host.
-TEST_CASE("default GEMM blocking: AVX-512 KC from the A micro-panel (512 at 48 KiB of L1d, 336 at 32 KiB), the formulas on AVX2; the chain's rows by vendor") {
+TEST_CASE("default GEMM blocking: AVX-512 KC from the A micro-panel (512 at 48 KiB of L1d, 336 at 32 KiB), the formulas on AVX2; the chain's rows and the transpose by vendor") {
     auto caches = [](int64_t l1d, int64_t l2, int64_t l3, bool amd, int family) {
         CacheSizes c;
         c.l1d = l1d; c.l2 = l2; c.l3 = l3; c.amd = amd; c.family = family;
@@ -258,6 +265,11 @@ TEST_CASE("default GEMM blocking: AVX-512 KC from the A micro-panel (512 at 48 K
     CHECK(avx2.sup_chain_rows == 4);
     CHECK(zen5.sup_chain_rows == 0);
     CHECK(zen4.sup_chain_rows == 0);
+    // The register transpose: the shuffles on AMD's cores, the inserts on the others.
+    CHECK(xeon.transpose == "inserts");
+    CHECK(avx2.transpose == "inserts");
+    CHECK(zen5.transpose == "shuffles");
+    CHECK(zen4.transpose == "shuffles");
     for (const TileConfig &t : {xeon, zen5, zen4}) CHECK_NOTHROW(t.validate(Isa::avx512));
     CHECK_NOTHROW(avx2.validate(Isa::avx2));
 }

@@ -44,7 +44,7 @@ std::map<std::string, std::set<std::string>> csv_phases(const std::string &path)
     std::string header, line;
     std::getline(csv, header);
     CHECK(header.rfind("phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,"
-                       "parallel_min_flops,parallel_min_elems,shape,", 0) == 0);
+                       "parallel_min_flops,parallel_min_elems,transpose,shape,", 0) == 0);
     std::map<std::string, std::set<std::string>> phases;
     while (std::getline(csv, line)) {
         const auto q0 = line.find('"'), q1 = line.find('"', q0 + 1);
@@ -56,7 +56,9 @@ std::map<std::string, std::set<std::string>> csv_phases(const std::string &path)
 
 // mha-tune --quick --max-candidates 1 and `args`, writing t.json and t.csv into tmp: it must succeed.
 mha::test::ToolResult tune_quick(const TempDir &tmp, const std::string &args) {
-    auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 " + args + " --out " + tmp / "t.json" + " --csv " + tmp / "t.csv");
+    // (MHA_TRANSPOSE would override the transpose the tuner searches.)
+    auto r = run_tool("MHA_TUNE", "--quick --max-candidates 1 " + args + " --out " + tmp / "t.json" + " --csv " + tmp / "t.csv",
+                      true, "MHA_TRANSPOSE=");
     INFO(r.output);
     REQUIRE(r.code == 0);
     return r;
@@ -77,10 +79,14 @@ TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime a
     // One thread: no threads phase. The GEMM candidates are scored on the attention too (their
     // microkernel runs it), the rows phase on few-row products.
     const auto phases = csv_phases(tmp / "t.csv");
-    REQUIRE(phases.size() == 3);
+    REQUIRE(phases.size() == 4);
     CHECK(phases.count("gemm"));
     CHECK(phases.count("attention"));
     REQUIRE(phases.count("rows"));
+    REQUIRE(phases.count("transpose"));
+    CHECK(phases.at("transpose").count("gemm 8x1536x512 NT"));
+    CHECK(phases.at("transpose").count("attention L1024 H8 D64"));
+    CHECK_FALSE(phases.at("transpose").count("gemm 1x2000x2000 NN"));  // nothing transposes there
     CHECK(phases.at("gemm").count("attention L1024 H8 D64"));
     CHECK(phases.at("gemm").count("gemm 1024x512x512 NT"));
     CHECK(phases.at("rows").count("gemm 1x2000x2000 NN"));
@@ -111,12 +117,12 @@ TEST_CASE("mha-tune --threads 2 also searches the work from which a call takes a
 }
 
 TEST_CASE("mha-tune --list prints each search's candidates once each and the shapes that score them, measuring none") {
-    const auto r = run_tool("MHA_TUNE", "--list --threads 2", false, "MHA_PARALLEL_ALWAYS= MHA_ISA=");
+    const auto r = run_tool("MHA_TUNE", "--list --threads 2", false, "MHA_PARALLEL_ALWAYS= MHA_ISA= MHA_TRANSPOSE=");
     INFO(r.output);
     REQUIRE(r.code == 0);
     CHECK(r.output.find("speedup") == std::string::npos);  // nothing timed
     CHECK(r.output.find(" of measuring\n") != std::string::npos);
-    // "<phase>: <n> candidates, each timed on <shape>, <shape>..." and then n lines of two spaces and one candidate.
+    // "<phase>: <n> candidate(s), each timed on <shape>, <shape>..." and then n lines of two spaces and one candidate.
     std::map<std::string, std::vector<std::string>> listed;
     std::map<std::string, size_t> announced;
     std::istringstream in(r.output);
@@ -125,13 +131,13 @@ TEST_CASE("mha-tune --list prints each search's candidates once each and the sha
         if (line.rfind("  ", 0) == 0) {
             REQUIRE_FALSE(phase.empty());
             listed[phase].push_back(line.substr(2));
-        } else if (const auto colon = line.find(": "); colon != std::string::npos && line.find(" candidates, each timed on ") != std::string::npos) {
+        } else if (const auto colon = line.find(": "); colon != std::string::npos && line.find(", each timed on ") != std::string::npos) {
             phase = line.substr(0, colon);
             announced[phase] = std::stoul(line.substr(colon + 2));
         }
     }
-    CHECK(announced.size() == 5);
-    for (const char *p : {"gemm", "attention", "rows", "threads", "elems"}) {
+    CHECK(announced.size() == 6);
+    for (const char *p : {"gemm", "attention", "rows", "transpose", "threads", "elems"}) {
         CAPTURE(p);
         REQUIRE(listed.count(p));
         const auto &c = listed.at(p);
@@ -144,6 +150,12 @@ TEST_CASE("mha-tune --list prints each search's candidates once each and the sha
     CHECK(std::any_of(gemm.begin(), gemm.end(), [&](const std::string &c) { return c.rfind(def.gemm_ukernel + " ", 0) == 0; }));
     CHECK(r.output.find("gemm: " + std::to_string(gemm.size()) + " candidates, each timed on gemm 2048x1536x512 NT") != std::string::npos);
     CHECK(r.output.find("threads: ") != std::string::npos);
+    // The transpose: the one the defaults do not take, timed on the calls that transpose (NT
+    // products, the attention's K^T, few rows against B^T) and on no other.
+    REQUIRE(listed.at("transpose").size() == 1);
+    CHECK(listed.at("transpose")[0] == std::string("transpose=") + (def.transpose == "inserts" ? "shuffles" : "inserts"));
+    CHECK(r.output.find("transpose: 1 candidate, each timed on gemm 2048x1536x512 NT") != std::string::npos);
+    CHECK(r.output.find("gemm 8x1536x512 NT") != std::string::npos);
 }
 
 TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with the file and the problem") {

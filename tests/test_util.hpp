@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
-#include "gemm/transpose_variant.hpp"
 #include "mha/layer.hpp"
 #include "mha/runtime.hpp"
 
@@ -62,11 +63,21 @@ inline LayerConfig layer_config(int64_t E, int64_t H, int64_t Hkv = 0, int64_t h
 // A value no kernel produces from the test inputs, written into padding to catch stray writes.
 constexpr float kSentinel = -12345.75f;
 
-// Puts back the process's register transpose (gemm/transpose_variant.hpp) when a test that
-// switches it ends.
-struct RestoreTranspose {
-    gemm::TransposeVariant v = gemm::transpose_variant();
-    ~RestoreTranspose() { gemm::set_transpose_variant(v); }
+// The runtimes that run `like`'s calls (its threads, ISA and tiles) under each register transpose
+// (TileConfig::transpose, gemm/transpose_variant.hpp): [0] shuffles, [1] inserts. MHA_TRANSPOSE in
+// the environment would override both: the constructor then throws rather than let a test compare
+// one transpose with itself.
+struct BothTransposes {
+    std::unique_ptr<Runtime> rt[2];
+    explicit BothTransposes(const Runtime &like) {
+        for (int v = 0; v < 2; ++v) {
+            TileConfig t = like.tiles();
+            t.transpose = v ? "inserts" : "shuffles";
+            rt[v] = std::make_unique<Runtime>(RuntimeOptions{like.num_threads(), like.isa(), t, {}});
+            if (rt[v]->tiles().transpose != t.transpose)
+                throw std::runtime_error("MHA_TRANSPOSE is set: it overrides the tiles' transpose, so both would be one");
+        }
+    }
 };
 
 } // namespace mha::test

@@ -6,8 +6,10 @@
 // (candidate, baseline, candidate, ...), so the noise of a shared machine falls on both alike, and
 // scored by the geometric mean of its speedups.
 // The GEMM blocking is searched first (microkernel, KC, NC, MC), then the attention tiles on the
-// best GEMM blocking, then the per-CPU thresholds on the tiles found so far: the rows a strip must
-// have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products), and,
+// best GEMM blocking, then the per-CPU choices on the tiles found so far: the rows a strip must
+// have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products); the
+// register transpose of the transposing packs and of few rows against B^T (transpose, on the
+// products and attention that transpose); and,
 // tuning for more than one thread, the work from which a call takes the arena's other threads
 // (parallel_min_flops on small GEMM and attention calls and on one row against a large B^T,
 // parallel_min_elems on softmax calls, each made after the workers have gone to sleep).
@@ -38,14 +40,18 @@ namespace {
 // One benchmark shape: runs the work on a runtime, in the search phase it belongs to.
 struct Shape {
     std::string name;
-    std::string phase;  // "gemm", "attention", "rows", "threads" or "elems"
+    std::string phase;  // "gemm", "attention", "rows", "transpose", "threads" or "elems"
     std::function<void(Runtime &)> run;
     // Scored in the gemm phase too: the microkernel found there also runs the attention (with
     // 8x48, the attention ran 0.62-0.84x the default's on Zen 5 while the projections gained).
     bool kernel_probe = false;
+    // Scored in the transpose phase too: the call transposes in registers (B^T's or K^T's pack).
+    bool transposes = false;
 };
 
-bool scored_in(const Shape &s, const std::string &phase) { return s.phase == phase || (phase == "gemm" && s.kernel_probe); }
+bool scored_in(const Shape &s, const std::string &phase) {
+    return s.phase == phase || (phase == "gemm" && s.kernel_probe) || (phase == "transpose" && s.transposes);
+}
 
 // The threads and elems phases time each call after this much work on the calling thread, so the arena's
 // workers have gone to sleep as between a server's calls (they sleep after about 100 us idle on
@@ -84,10 +90,11 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         const float *a = buffer(static_cast<size_t>(g.m * g.k), 0.5f), *b = buffer(static_cast<size_t>(g.n * g.k), 0.25f);
         float *c = buffer(static_cast<size_t>(g.m * g.n), 0.0f);
         shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NT", "gemm",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, g.m, g.n, g.k, 1.0f, a, g.k, b, g.k, 0.0f, c, g.n); }});
+                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, g.m, g.n, g.k, 1.0f, a, g.k, b, g.k, 0.0f, c, g.n); },
+                          false, true});
     }
     // Attention at H 8, D 64 over one sequence of len tokens.
-    auto attention_shape = [&](int64_t len, bool causal, const char *phase, bool kernel_probe) {
+    auto attention_shape = [&](int64_t len, bool causal, const char *phase, bool kernel_probe, bool transposes) {
         const size_t n = static_cast<size_t>(len * 8 * 64);
         const float *q = buffer(n, 0.01f), *k = buffer(n, 0.02f), *v = buffer(n, 0.5f);
         float *o = buffer(n, 0.0f);
@@ -98,7 +105,7 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         p.head_dim = p.value_dim = 64;
         p.causal = causal;
         shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), phase,
-                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, kernel_probe});
+                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, kernel_probe, transposes});
     };
     // Attention of the same layer.
     std::vector<std::pair<int64_t, bool>> attn = {{1024, false}};
@@ -106,7 +113,7 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         attn.push_back({2048, false});
         attn.push_back({2048, true});
     }
-    for (auto [len, causal] : attn) attention_shape(len, causal, "attention", len == 1024);
+    for (auto [len, causal] : attn) attention_shape(len, causal, "attention", len == 1024, len == 1024);
     // Few rows (decode's projections) against a B past L2, its rows not a multiple of 4 KiB apart
     // (where sup_chain_rows decides between the chain and the tiles; 4 KiB strides always chain).
     std::vector<G> rows = {{1, 2000, 2000}, {2, 3000, 768}, {4, 1500, 1000}};
@@ -120,6 +127,14 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NN", "rows",
                           [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, g.m, g.n, g.k, 1.0f, a, g.k, b, g.n, 0.0f, c, g.n); }});
     }
+    // Few rows against B^T, each row count transposing its blocks in registers (macro_bt_rows: 5 to 9
+    // rows on AVX-512, 5 to 8 on AVX2): decode's projections, B^T from L3.
+    for (const int64_t m : quick ? std::vector<int64_t>{8} : std::vector<int64_t>{6, 8}) {
+        const float *a = buffer(static_cast<size_t>(m * 512), 0.5f), *bt = buffer(static_cast<size_t>(1536 * 512), 0.25f);
+        float *c = buffer(static_cast<size_t>(m * 1536), 0.0f);
+        shapes.push_back({"gemm " + std::to_string(m) + "x1536x512 NT", "transpose",
+                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, m, 1536, 512, 1.0f, a, 512, bt, 512, 0.0f, c, 1536); }});
+    }
     if (threads == 1) return shapes;
     // Small calls around the break-even of a second thread: sgemm n^3 (4.2 to 33.5 MFLOP) and
     // attention H8 D64 (4.7 to 18.9 MFLOP).
@@ -130,7 +145,7 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
                           [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); }});
     }
     for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96})
-        attention_shape(len, false, "threads", false);
+        attention_shape(len, false, "threads", false, false);
     // Calls that read more than they compute, whose stream the same key prices
     // (RuntimeState::work_with_stream): one row against B^T n x 512, 0.5 to 1 million floats.
     for (const int64_t n : quick ? std::vector<int64_t>{1536} : std::vector<int64_t>{1024, 1536, 2048}) {
@@ -224,6 +239,13 @@ std::vector<TileConfig> key_candidates(const TileConfig &base, int64_t TileConfi
     return out;
 }
 
+// The register transpose other than base's (transpose_variant.hpp: shuffles or inserts).
+std::vector<TileConfig> transpose_candidates(const TileConfig &base) {
+    TileConfig t = base;
+    t.transpose = base.transpose == "inserts" ? "shuffles" : "inserts";
+    return {t};
+}
+
 // The threshold steps' candidates: the rows that take sup_chain_rows' walk (none, or up to 6);
 // the work (flops) from which a GEMM or attention call takes the arena's other threads (2 to 32
 // MFLOP); the elements from which elementwise work (softmax, LayerNorm) does (64K to 1M).
@@ -251,6 +273,8 @@ std::string describe(const std::string &phase, const TileConfig &t) {
                       static_cast<long>(t.attn_block_k));
     else if (phase == "rows")
         std::snprintf(buf, sizeof buf, "sup_chain_rows=%ld", static_cast<long>(t.sup_chain_rows));
+    else if (phase == "transpose")
+        std::snprintf(buf, sizeof buf, "transpose=%s", t.transpose.c_str());
     else if (phase == "threads")
         std::snprintf(buf, sizeof buf, "parallel_min_flops=%ld", static_cast<long>(t.parallel_min_flops));
     else
@@ -312,7 +336,7 @@ void list_searches(const std::vector<Shape> &shapes, double budget,
         for (const auto &s : shapes)
             if (scored_in(s, phase)) names.push_back(s.name);
         if (candidates.empty() || names.empty()) continue;
-        std::printf("%s: %zu candidates, each timed on", phase.c_str(), candidates.size());
+        std::printf("%s: %zu candidate%s, each timed on", phase.c_str(), candidates.size(), candidates.size() == 1 ? "" : "s");
         for (size_t i = 0; i < names.size(); ++i) std::printf("%s %s", i ? "," : "", names[i].c_str());
         std::printf("\n");
         for (const auto &t : candidates) std::printf("  %s\n", describe(phase, t).c_str());
@@ -359,14 +383,21 @@ int tune(const cli::TuneOptions &o) {
     if (o.threads > 1 && !thresholds)
         std::fprintf(stderr, "mha-tune: MHA_PARALLEL_ALWAYS=1 overrides parallel_min_flops and parallel_min_elems: "
                              "not searching them\n");
+    // MHA_TRANSPOSE overrides the transpose of every runtime: nothing to choose between.
+    const char *forced = std::getenv("MHA_TRANSPOSE");
+    const bool transposes = !(forced && *forced);
+    if (!transposes)
+        std::fprintf(stderr, "mha-tune: MHA_TRANSPOSE=%s overrides the tiles' transpose: not searching it\n", forced);
     auto later = [&](const TileConfig &t) {
         return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
+               (transposes ? limit(transpose_candidates(t)).size() : 0) +
                (thresholds ? limit(threads_candidates(t, o.quick)).size() + limit(elems_candidates(t, o.quick)).size() : 0);
     };
     if (o.list) {
         list_searches(shapes, budget, {{"gemm", gc},
                                        {"attention", limit(attention_candidates(caches, def, o.quick))},
                                        {"rows", limit(rows_candidates(def, o.quick))},
+                                       {"transpose", transposes ? limit(transpose_candidates(def)) : std::vector<TileConfig>{}},
                                        {"threads", thresholds ? limit(threads_candidates(def, o.quick)) : std::vector<TileConfig>{}},
                                        {"elems", thresholds ? limit(elems_candidates(def, o.quick)) : std::vector<TileConfig>{}}});
         return 0;
@@ -396,6 +427,11 @@ int tune(const cli::TuneOptions &o) {
     const size_t first_rows = all.size();
     search("rows", limit(rows_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
     if (const TileConfig *t = best_of(first_rows)) best.sup_chain_rows = t->sup_chain_rows;
+    if (transposes) {
+        const size_t first_transpose = all.size();
+        search("transpose", limit(transpose_candidates(best)), shapes, base, best, budget, all, done, total);
+        if (const TileConfig *t = best_of(first_transpose)) best.transpose = t->transpose;
+    }
     if (thresholds) {
         const size_t first_threads = all.size();
         search("threads", limit(threads_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
@@ -411,7 +447,8 @@ int tune(const cli::TuneOptions &o) {
     std::printf("mha-tune: best tiles for %s (%s), %d thread%s\n", cpu_model_name().c_str(), std::string(isa_name(isa)).c_str(),
                 o.threads, o.threads > 1 ? "s" : "");
     auto all_keys = [&](const TileConfig &t) {
-        std::string d = describe("gemm", t) + " " + describe("attention", t) + " " + describe("rows", t);
+        std::string d = describe("gemm", t) + " " + describe("attention", t) + " " + describe("rows", t) + " " +
+                        describe("transpose", t);
         return o.threads > 1 ? d + " " + describe("threads", t) + " " + describe("elems", t) : d;
     };
     std::printf("  default: %s\n  best:    %s\n\n", all_keys(def).c_str(), all_keys(best).c_str());
@@ -449,14 +486,15 @@ int tune(const cli::TuneOptions &o) {
     if (!o.csv.empty()) {
         std::ofstream csv(o.csv);
         csv << "phase,gemm_ukernel,mc,kc,nc,attn_block_q,attn_block_k,attn_kv_chunk,sup_chain_rows,parallel_min_flops,"
-               "parallel_min_elems,shape,ms,baseline_ms,speedup,score\n";
+               "parallel_min_elems,transpose,shape,ms,baseline_ms,speedup,score\n";
         for (const auto &m : all) {
             size_t i = 0;
             for (const auto &s : shapes) {
                 if (!scored_in(s, m.phase)) continue;
                 csv << m.phase << ',' << m.tiles.gemm_ukernel << ',' << m.tiles.mc << ',' << m.tiles.kc << ',' << m.tiles.nc
                     << ',' << m.tiles.attn_block_q << ',' << m.tiles.attn_block_k << ',' << m.tiles.attn_kv_chunk << ','
-                    << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ',' << m.tiles.parallel_min_elems << ",\""
+                    << m.tiles.sup_chain_rows << ',' << m.tiles.parallel_min_flops << ',' << m.tiles.parallel_min_elems << ','
+                    << m.tiles.transpose << ",\""
                     << s.name << "\"," << m.ms[i] << ',' << m.baseline_ms[i] << ',' << m.baseline_ms[i] / m.ms[i] << ','
                     << m.score << '\n';
                 ++i;

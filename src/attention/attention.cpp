@@ -154,6 +154,7 @@ void run_attention(detail::RuntimeState &st, const AttentionKernel &ak, Shape &s
     // thread, an item is a whole strip, which packs each K and V tile once for all its query
     // blocks (if the strip's packed K and V fit in 8 MiB, and K and V are not in a paged cache);
     // otherwise an item is one query block. Each row is computed the same way in all of them.
+    s.inserts = st.inserts;
     const int64_t T = st.num_threads, bk = s.block_k;
     auto is_direct = [&](int64_t b) { return s.group() * s.qlen(b) <= kDirectRows; };
     int64_t packed_strips = 0;

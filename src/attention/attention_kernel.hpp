@@ -131,7 +131,7 @@ struct FusedAttention {
             float *dst = w.k_packed + (s.cache_kv ? TileRing::slot(s.kv_ring, t) * round_up_to(s.block_k, NR) * D : 0);
             if (!s.cache_kv || !k_tiles.holds(t)) {
                 gemm::pack_panels<Arch, NR>(width(s, j0, n), D, k + s.kv_row(it.b, j0) * s.ldk + it.g * D, s.ldk, 1,
-                                            dst);
+                                            dst, s.inserts);
                 k_tiles.packed(s.kv_ring, t);
             }
             return dst;
@@ -173,7 +173,7 @@ struct FusedAttention {
                         std::copy(src + p / NR * c.v_panel, src + p / NR * c.v_panel + run * NR, dst + p * depth + j * NR);
                 }
             } else if (!s.cache_kv || !v_tiles.holds(t)) {
-                gemm::pack_panels<Arch, NR>(Dv, depth, v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv, 1, s.ldv, dst);
+                gemm::pack_panels<Arch, NR>(Dv, depth, v + s.kv_row(it.b, j0) * s.ldv + it.g * Dv, 1, s.ldv, dst, s.inserts);
                 v_tiles.packed(s.kv_ring, t);
             }
             return {dst, depth};
@@ -419,7 +419,8 @@ struct FusedAttention {
         if (panels) {
             const Panels split(it.rows(s));
             for (int64_t p = 0, r0 = 0; p < split.count; r0 += split.rows(p), ++p)
-                gemm::pack_panels<Arch, MR>(split.rows(p), D, w.q_read + r0 * w.q_ld, w.q_ld, 1, w.q_packed + p * MR * D);
+                gemm::pack_panels<Arch, MR>(split.rows(p), D, w.q_read + r0 * w.q_ld, w.q_ld, 1, w.q_packed + p * MR * D,
+                                            s.inserts);
             w.q_read = nullptr;
             return;
         }
@@ -430,7 +431,8 @@ struct FusedAttention {
                 DirectTiles<Arch>::transpose_q(Mg, D, w.q_rows + h * Mg * D, w.q_packed + h * direct_ldqt(Mg) * D,
                                                direct_ldqt(Mg));
             else
-                gemm::pack_strips<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D);
+                gemm::pack_strips<Arch, MR>(Mg, D, w.q_rows + h * Mg * D, D, 1, w.q_packed + h * round_up_to(Mg, MR) * D,
+                                            s.inserts);
         }
     }
 
@@ -460,7 +462,7 @@ struct FusedAttention {
     // Rows [from, depth) of a pending V tile packed into its panels.
     static void pack_v_rows(const Shape &s, const typename KVTiles::VTile &t, int64_t from) {
         gemm::pack_panels_into<Arch, NR>(s.value_dim, t.depth - from, t.rows + from * s.ldv, 1, s.ldv, t.dst + from * NR,
-                                         t.depth);
+                                         t.depth, s.inserts);
     }
 
     // P V over k keys for a register panel of `rows` rows whose V tile (NR-column panels `depth`

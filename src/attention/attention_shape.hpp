@@ -81,6 +81,7 @@ struct Shape {
     int64_t window = 0;
     float softcap = 0.0f;
     const float *alibi = nullptr, *sinks = nullptr;
+    bool inserts = false;  // the runtime's register transpose for K^T's pack (run_attention sets it)
     int64_t group() const { return heads / kv_heads; }
     // Query i's absolute position in batch b (bottom-right: its keys are at 0 .. kvlen - 1).
     int64_t q_pos(int64_t b, int64_t i) const { return i + kvlen(b) - qlen(b); }

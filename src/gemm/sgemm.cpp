@@ -136,7 +136,7 @@ void sgemm_packed(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, O
             if (!a_in_place)
                 parallel_chunks(n_ir, T, [&](int64_t ir0, int64_t ir1) {  // whole strips, so each is cut as in the block
                     const int64_t i0 = strip_start(mc, MR, ir0), rows = strip_start(mc, MR, ir1) - i0;
-                    uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc);
+                    uk.pack_a(rows, kc, a.at(ic + i0, pc), a.rs, a.cs, ap + ir0 * MR * kc, s.inserts);
                 });
             const float beta = pc == 0 ? c.beta : 1.0f;
             const float *bias = pc == 0 ? c.bias : nullptr;
@@ -149,7 +149,7 @@ void sgemm_packed(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, O
                 const int64_t slot = T == 1 ? 0 : RuntimeState::this_thread_slot();
                 if (!bp) {
                     float *own = b_packs + slot * b_size;
-                    uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own);
+                    uk.pack_b(ncur, kc, b.at(pc, jc), b.cs, b.rs, own, s.inserts);
                     bp = own;
                 }
                 // JR and IR run inside the ISA's translation unit, on whole strips of the block.
@@ -306,10 +306,10 @@ void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Oper
         if (!b_direct)
             parallel_chunks(n_jr, T, [&](int64_t jr0, int64_t jr1) {
                 const int64_t j0 = jr0 * NR, cols = std::min(nc, jr1 * NR) - j0;
-                uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc);
+                uk.pack_b(cols, kc, b.at(pc, jc + j0), b.cs, b.rs, bp + j0 * kc, s.inserts);
             });
         else if (edge_nr)  // only the panel cut by the edge: reading it in place would overrun B
-            uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp);
+            uk.pack_b(edge_nr, kc, b.at(pc, jc + (n_jr - 1) * NR), b.cs, b.rs, bp, s.inserts);
 
         const float beta = pc == 0 ? c.beta : 1.0f;
         // A few strips that do not divide among the threads (3 on 2), or any few strips
@@ -358,7 +358,7 @@ void sgemm_sup(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Oper
             const int64_t kc = std::min(kc_blk, k - pc);
             parallel_chunks(n_ir, T, [&](int64_t q0, int64_t q1) {
                 const int64_t r0 = strip_start(m, MR, q0);
-                uk.pack_a(strip_start(m, MR, q1) - r0, kc, a.at(r0, pc), a.rs, a.cs, ap + q0 * MR * kc);
+                uk.pack_a(strip_start(m, MR, q1) - r0, kc, a.at(r0, pc), a.rs, a.cs, ap + q0 * MR * kc, s.inserts);
             });
             for (int64_t jc = 0; jc < n; jc += nc_blk) block(jc, pc);
         }
@@ -429,7 +429,7 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
         const int64_t W = uk.lanes;
         parallel_chunks(ceil_div(n, W), T, [&](int64_t q0, int64_t q1) {
             const int64_t j0 = q0 * W, cols = std::min(n, q1 * W) - j0;
-            uk.macro_bt_rows(m, cols, k, kc_blk, at, b.at(0, j0), b.cs, c.p + j0, c.ld, c.beta == 1.0f);
+            uk.macro_bt_rows(m, cols, k, kc_blk, at, b.at(0, j0), b.cs, c.p + j0, c.ld, c.beta == 1.0f, s.inserts);
         });
         return true;
     }
@@ -451,7 +451,7 @@ bool sgemm_bt(RuntimeState &s, int64_t T, int64_t m, int64_t n, int64_t k, Opera
         Panel &pq = panels[q];
         pq.at = at;
         // One panel of A^T, its lanes past the rows zero: the packing's register transposes.
-        (pq.width == uk.nr ? uk.pack_b : uk.pack_lanes)(pq.rows, k, a.at(pq.row, 0), a.rs, a.cs, at);
+        (pq.width == uk.nr ? uk.pack_b : uk.pack_lanes)(pq.rows, k, a.at(pq.row, 0), a.rs, a.cs, at, s.inserts);
         at += k * pq.width;
     }
     parallel_chunks(ceil_div(n, MR), T, [&](int64_t q0, int64_t q1) {
@@ -523,7 +523,7 @@ PackedB pack_b(RuntimeState &s, int64_t k, int64_t n, const float *b, int64_t rs
             const int64_t kc = std::min(p.kc, k - pc), panels = p.n_padded / uk.nr;
             parallel_chunks(panels, s.num_threads, [&](int64_t j0, int64_t j1) {
                 const int64_t col = j0 * uk.nr, cols = std::min(n, j1 * uk.nr) - col;
-                uk.pack_b(cols, kc, b + pc * rs + col * cs, cs, rs, p.data.data() + pc * p.n_padded + col * kc);
+                uk.pack_b(cols, kc, b + pc * rs + col * cs, cs, rs, p.data.data() + pc * p.n_padded + col * kc, s.inserts);
             });
         }
     });

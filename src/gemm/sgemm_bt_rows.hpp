@@ -22,13 +22,12 @@
 
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/transpose.hpp"
-#include "gemm/transpose_variant.hpp"
 #include "simd/fmadd.hpp"
 
 namespace mha::gemm {
 namespace {
 
-// From how many rows the tiles transpose B^T with columns_by_inserts where the CPU takes it (see
+// From how many rows the tiles transpose B^T with columns_by_inserts where the runtime takes it (see
 // transpose_variant.hpp): each block's W column vectors then feed M FMAs each, and from about 5
 // rows the shuffle port, which the FMAs share, is what bounds the loop; with fewer rows on
 // AVX-512 the loads are, and the inserts' 4 loads a row (2 on AVX2) cost more than their shuffles
@@ -54,12 +53,12 @@ constexpr int kInsertsFromRows = 5;
 // 0.94-0.96x and 2 rows 0.95x: so only from kInsertsFromRows rows.
 template <class Arch, int M, bool Full>
 void bt_rows_tile(int64_t cols, int64_t k, int64_t kc_blk, const float *at, const float *bt, int64_t ldbt, float *c,
-                  int64_t ldc, bool accumulate) {
+                  int64_t ldc, bool accumulate, bool inserts) {
     using V = xsimd::batch<float, Arch>;
     constexpr int W = static_cast<int>(V::size), L = Transpose<Arch>::L;
     static_assert(L == W, "one transposed block is one vector per depth step");
     const int rows = Full ? W : static_cast<int>(cols);
-    const bool inserts = M >= kInsertsFromRows && transpose_variant() == TransposeVariant::inserts;
+    inserts = inserts && M >= kInsertsFromRows;
     for (int64_t pc = 0; pc < k; pc += kc_blk) {
         const int64_t end = pc + (k - pc < kc_blk ? k - pc : kc_blk);
         V acc[M];
@@ -103,7 +102,7 @@ void bt_rows_tile(int64_t cols, int64_t k, int64_t kc_blk, const float *at, cons
 // MacroBtRowsFn: the columns W at a time.
 template <class Arch>
 void sgemm_macro_bt_rows(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const float *at, const float *bt,
-                         int64_t ldbt, float *c, int64_t ldc, bool accumulate) {
+                         int64_t ldbt, float *c, int64_t ldc, bool accumulate, bool inserts) {
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     [&]<int... R>(std::integer_sequence<int, R...>) {
         (void)((m == R + 1 && (
@@ -112,10 +111,10 @@ void sgemm_macro_bt_rows(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const 
                         if constexpr (R + 1 >= kInsertsFromRows)
                             for (; j + W <= n; j += W)
                                 bt_rows_tile<Arch, R + 1, true>(W, k, kc_blk, at, bt + j * ldbt, ldbt, c + j, ldc,
-                                                                accumulate);
+                                                                accumulate, inserts);
                         for (; j < n; j += W)
                             bt_rows_tile<Arch, R + 1, false>(n - j < W ? n - j : W, k, kc_blk, at, bt + j * ldbt,
-                                                             ldbt, c + j, ldc, accumulate);
+                                                             ldbt, c + j, ldc, accumulate, inserts);
                     }(),
                     true)) ||
                ...);

@@ -61,7 +61,9 @@ inline int64_t strip_start(int64_t mc, int64_t mr, int64_t p) {
 // element (x, p) = src[x * sx + p * sp] goes to out[(x / W) * W * kc + p * W + x % W], zero-padded.
 // B: x = column, sx = cs_b, sp = rs_b. A (x = row, sx = rs_a, sp = cs_a) goes in strips instead:
 // the rows of strip q (see strip_start) to panel q, out[q * W * kc + p * W + x - strip_start(q)].
-using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out);
+// inserts: the register transpose of a source contiguous along depth (TileConfig::transpose).
+using PackBlockFn = void (*)(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out,
+                             bool inserts);
 // The JR and IR loops over a packed mc x kc block of A and kc x nc block of B:
 // C[0:mc, 0:nc] = alpha * A * B + beta * C; with a bias (NULL, or nc values; alpha must be 1),
 // C = (A * B + bias) + beta * C.
@@ -85,10 +87,11 @@ using MacroBtFn = void (*)(int64_t m, int64_t n, int64_t k, int64_t kc_blk, cons
 // C[0:m, 0:n] = A B, or A B + C (accumulate); B^T's rows at bt (n x k, row j at bt + j * ldbt) and
 // A^T k x m (at[p m + i] = A(i, p): a single row of A is itself). The depth goes in blocks of
 // kc_blk, each C element's block sums added to it in order: the same ordered FMA chains and
-// additions as on the other paths.
+// additions as on the other paths. inserts: B^T's blocks go through Transpose's inserts (from 5
+// rows; see sgemm_bt_rows.hpp), else its shuffles (TileConfig::transpose; the same floats).
 inline constexpr int kBtRowsMax = 9;
 using MacroBtRowsFn = void (*)(int64_t m, int64_t n, int64_t k, int64_t kc_blk, const float *at, const float *bt,
-                               int64_t ldbt, float *c, int64_t ldc, bool accumulate);
+                               int64_t ldbt, float *c, int64_t ldc, bool accumulate, bool inserts);
 // An elementwise activation applied to a finished block of C (the GEMM epilogue of linear1).
 enum class Epilogue { none = 0, relu = 1, gelu = 2 };
 using ActivateFn = void (*)(Epilogue act, int64_t rows, int64_t cols, float *c, int64_t ldc);

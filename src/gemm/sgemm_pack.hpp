@@ -7,7 +7,6 @@
 
 #include "gemm/sgemm_kernels.hpp"
 #include "gemm/transpose.hpp"
-#include "gemm/transpose_variant.hpp"
 
 namespace mha::gemm {
 namespace {
@@ -16,9 +15,11 @@ namespace {
 // to out[(x / W) * W * kc + p * W + x % W]; the last panel is zero-padded to W.
 // A is packed with x = row (sx = rs_a, sp = cs_a), B with x = column (sx = cs_b, sp = rs_b).
 // pack_panels_into fills panels of depth ld >= kc a few depth steps at a time: element (x, p)
-// goes to out[(x / W) * W * ld + p * W + x % W].
+// goes to out[(x / W) * W * ld + p * W + x % W]. inserts: the register transpose a source contiguous
+// along depth (sx != 1, sp == 1) goes through (TileConfig::transpose; the same floats either way).
 template <class Arch, int W>
-void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, int64_t ld) {
+void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, int64_t ld,
+                      bool inserts) {
     const int64_t full = count / W * W, tail = count - full;
     // The last panel's padding must be zeros: its kc depth steps are one contiguous run, zeroed in
     // one fill before the values land on it. (Zeroing only the W - tail lanes of each step became
@@ -66,10 +67,9 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
         // against all the rows of a panel a block at a time, two blocks ahead (K^T's packing
         // stalled on its 32 prefetches), K and V from L3, the same bits: attention L128 D128
         // +1.5-2.3%, causal +2%, D64 +0.5-1.3%, L512 level to +1%; GEMM NT and TN level.
-        // The blocks go through the register transpose the process chose (transpose_variant.hpp).
+        // The blocks go through the runtime's register transpose (`inserts`; transpose_variant.hpp).
         constexpr int L = Transpose<Arch>::L;
         const int64_t blocks = kc / L, whole = blocks * L;
-        const bool inserts = transpose_variant() == TransposeVariant::inserts;
         for (int64_t x0 = 0; x0 < count; x0 += W) {
             const int64_t w = count - x0 < W ? count - x0 : W;
             float *panel = out + x0 * ld;
@@ -93,21 +93,21 @@ void pack_panels_into(int64_t count, int64_t kc, const float *src, int64_t sx, i
 }
 
 template <class Arch, int W>
-void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
-    pack_panels_into<Arch, W>(count, kc, src, sx, sp, out, kc);
+void pack_panels(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, bool inserts) {
+    pack_panels_into<Arch, W>(count, kc, src, sx, sp, out, kc, inserts);
 }
 
 // A's packing: rows in the microkernel's strips (see strip_start), strip q into panel q. Every
 // strip before the last two is a whole panel (and the next to last too unless the two share
 // their rows): those are packed in one pass.
 template <class Arch, int MR>
-void pack_strips(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out) {
+void pack_strips(int64_t count, int64_t kc, const float *src, int64_t sx, int64_t sp, float *out, bool inserts) {
     const int64_t n = strip_count(count, MR);
     int64_t q = n > 0 ? strip_start(count, MR, n - 1) / MR : 0;
-    if (q > 0) pack_panels<Arch, MR>(q * MR, kc, src, sx, sp, out);
+    if (q > 0) pack_panels<Arch, MR>(q * MR, kc, src, sx, sp, out, inserts);
     for (; q < n; ++q) {
         const int64_t r0 = strip_start(count, MR, q);
-        pack_panels<Arch, MR>(strip_start(count, MR, q + 1) - r0, kc, src + r0 * sx, sx, sp, out + q * MR * kc);
+        pack_panels<Arch, MR>(strip_start(count, MR, q + 1) - r0, kc, src + r0 * sx, sx, sp, out + q * MR * kc, inserts);
     }
 }
 

@@ -22,33 +22,24 @@
 // rows at a time through the depth (model-207 Xeon, 2026-11-27, 1 thread, inserts against
 // shuffles, the same bits): attention L128 H8 D128 1.022-1.036x, D64 1.040-1.054x, causal 1.011x,
 // B8 L128 D64 1.034x, L512 level; GEMM NT and TN level to +0.7%; AVX2 level.
-// MHA_TRANSPOSE=shuffles|inserts overrides the choice for the process (read when a Runtime is
-// made; a value that is neither is refused).
+// The choice is a tile config key (TileConfig::transpose: the defaults above, or what mha-tune
+// measured), so each runtime packs with its own; MHA_TRANSPOSE=shuffles|inserts overrides it for
+// every runtime made while it is set (a value that is neither is refused).
 #pragma once
 
-#include <atomic>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace mha::gemm {
 
 enum class TransposeVariant : int { shuffles = 0, inserts = 1 };
 
-// The process's choice (-1 until first read: see transpose_variant.cpp), read once per tile
-// (relaxed: both forms give the same bits, so a change while calls run changes no result).
-extern std::atomic<int> g_transpose_variant;
-TransposeVariant resolve_transpose_variant();
-
-inline TransposeVariant transpose_variant() {
-    const int v = g_transpose_variant.load(std::memory_order_relaxed);
-    return v >= 0 ? static_cast<TransposeVariant>(v) : resolve_transpose_variant();
-}
-void set_transpose_variant(TransposeVariant v);
 const char *transpose_variant_name(TransposeVariant v);
 std::optional<TransposeVariant> parse_transpose_variant(std::string_view name);
-// MHA_TRANSPOSE, if set, makes the process's choice (every Runtime's constructor calls it, and
-// mha-bench at start); a value that is neither form throws mha::Error (invalid argument) with a
-// message and changes nothing.
-void apply_transpose_env();
+// MHA_TRANSPOSE, if set, overrides a runtime's `transpose` (its tile config's key; every Runtime's
+// constructor calls this); a value that is neither form throws mha::Error (invalid argument) with
+// a message and changes nothing.
+void apply_transpose_env(std::string &transpose);
 
 } // namespace mha::gemm

@@ -157,11 +157,11 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
         s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
     if (const char *env = std::getenv("MHA_POISON_SCRATCH"); env && std::string(env) == "1") s.pool.poison = true;
     // MHA_TRANSPOSE: the register transpose of the GEMM's few-rows path against B^T and of the
-    // transposing packs, for the whole process (see gemm/transpose_variant.hpp); both give the same
-    // bits.
-    gemm::apply_transpose_env();
+    // transposing packs, over the tiles' (see gemm/transpose_variant.hpp); both give the same bits.
+    gemm::apply_transpose_env(s.tiles.transpose);
     s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
+    s.inserts = gemm::parse_transpose_variant(s.tiles.transpose) == gemm::TransposeVariant::inserts;
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);
     s.arena = shared_arena(s.num_threads);
     s.slots = s.arena->max_concurrency();

@@ -73,6 +73,7 @@ struct RuntimeState {
     Isa isa = Isa::avx2;
     TileConfig tiles;
     const gemm::SgemmKernel *sgemm = nullptr;
+    bool inserts = false;  // tiles.transpose is "inserts" (the kernels' argument; see gemm/transpose_variant.hpp)
     const softmax_detail::SoftmaxKernels *softmax_kernels = nullptr;
     // Runtimes of one thread count share one arena (see shared_arena in runtime.cpp): separate
     // arenas of a size compete for TBB's few worker threads.

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "gemm/sgemm_kernels.hpp"
+#include "gemm/transpose_variant.hpp"
 #include "mha/error.hpp"
 #include "runtime/cpu_vendor.hpp"
 
@@ -145,6 +146,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // Again on 2026-11-28, 1 / 2 threads: 0 0.989x / 0.996x, 1 1.016x / 1.011x, 3 0.961x / 0.954x,
     // 4 0.926x / 0.925x, 6 0.883x / 0.908x.
     t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
+    // The register transpose: shuffles on AMD's cores (two shuffle pipes; Zen 5 ran the inserts
+    // 7-20% slower), inserts on Intel's (one shuffle port, which the FMAs share; model 207: the
+    // attention's K^T 2-5% faster). The measurements are in gemm/transpose_variant.hpp; mha-tune
+    // searches this key (its transpose phase).
+    t.transpose = gemm::transpose_variant_name(caches.amd ? gemm::TransposeVariant::shuffles
+                                                          : gemm::TransposeVariant::inserts);
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
     // time through Q K^T, the fold and P V, so the panel's MR x BK scores (14 KiB at BK = 256)
     // stay in L1, while the packed K and V tiles (BK x D each: 128 KiB at D = 64) and the item's
@@ -269,6 +276,8 @@ void TileConfig::validate(Isa isa) const {
     check(attn_kv_chunk >= attn_block_k && attn_kv_chunk <= (1 << 24) && attn_kv_chunk % attn_block_k == 0,
           "attn_kv_chunk", "must be a multiple of attn_block_k, at most 2^24");
     check(sup_chain_rows >= 0 && sup_chain_rows <= 64, "sup_chain_rows", "must be in [0, 64]");
+    check(gemm::parse_transpose_variant(transpose).has_value(), "transpose",
+          "must be \"shuffles\" or \"inserts\", got \"" + transpose + "\"");
     check(parallel_min_flops >= 0 && parallel_min_flops <= (int64_t{1} << 50), "parallel_min_flops", "must be in [0, 2^50]");
     check(parallel_min_elems >= 0 && parallel_min_elems <= (int64_t{1} << 50), "parallel_min_elems", "must be in [0, 2^50]");
 }

@@ -13,6 +13,16 @@ namespace {
 constexpr const char *kFormat = "mha-tile-config";
 constexpr int kVersion = 1;
 
+// The string fields of TileConfig, by name.
+struct StringField {
+    const char *name;
+    std::string TileConfig::*member;
+};
+constexpr StringField kStringFields[] = {
+    {"gemm_ukernel", &TileConfig::gemm_ukernel},
+    {"transpose", &TileConfig::transpose},
+};
+
 // The integer fields of TileConfig, by name.
 struct IntField {
     const char *name;
@@ -78,9 +88,12 @@ TileConfigFile parse_tile_config(const std::string &text, const std::string &nam
     if (!j.contains("tiles") || !j["tiles"].is_object()) fail("missing the \"tiles\" object");
     f.tiles = default_tile_config(f.isa, detect_cache_sizes());
     for (const auto &[key, value] : j["tiles"].items()) {
-        if (key == "gemm_ukernel") {
-            if (!value.is_string()) fail("tiles.gemm_ukernel must be a string");
-            f.tiles.gemm_ukernel = value.get<std::string>();
+        const StringField *text_field = nullptr;
+        for (const auto &x : kStringFields)
+            if (key == x.name) text_field = &x;
+        if (text_field) {
+            if (!value.is_string()) fail("tiles." + key + " must be a string");
+            f.tiles.*(text_field->member) = value.get<std::string>();
             continue;
         }
         const IntField *field = nullptr;
@@ -115,7 +128,7 @@ std::string tile_config_json(const TileConfigFile &f) {
     j["isa"] = std::string(isa_name(f.isa));
     j["cpu"] = f.cpu;
     j["date"] = f.date;
-    j["tiles"]["gemm_ukernel"] = f.tiles.gemm_ukernel;
+    for (const auto &x : kStringFields) j["tiles"][x.name] = f.tiles.*(x.member);
     for (const auto &x : kIntFields) j["tiles"][x.name] = f.tiles.*(x.member);
     return j.dump(2) + "\n";
 }

@@ -6,8 +6,6 @@
 #include <regex>
 #include <vector>
 
-#include "gemm/transpose_variant.hpp"
-
 #include "bench_tool.hpp"
 #ifdef MHA_WITH_MPI
 #include <mpi.h>
@@ -25,7 +23,6 @@ int main(int argc, char **argv) {
             std::fputs(cli::kBenchUsage, stdout);
             return 0;
         }
-        gemm::apply_transpose_env();  // the runtimes would; read now, so the output names it whatever runs
         // Under mpirun (or with --mpi) the mpi suite runs alone: the other suites on every rank at
         // once would measure nothing but the ranks' contention.
         const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");

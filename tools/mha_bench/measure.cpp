@@ -17,6 +17,7 @@ void describe_machine(Context &ctx) {
     const char *path = std::getenv("MHA_TILE_CONFIG"), *always = std::getenv("MHA_PARALLEL_ALWAYS");
     ctx.tiles_source = path && *path ? path : "defaults";
     if (always && std::string(always) == "1") ctx.tiles_source += " + MHA_PARALLEL_ALWAYS";  // thresholds 0
+    if (const char *t = std::getenv("MHA_TRANSPOSE"); t && *t) ctx.tiles_source += " + MHA_TRANSPOSE";  // the transpose
     ctx.machine = bench::machine();
 }
 
@@ -40,13 +41,13 @@ void print_machine(const Context &ctx) {
                 static_cast<long long>(m.caches.l2 >> 10), static_cast<long long>(m.caches.l3 >> 20), m.hardware_threads,
                 std::string(isa_name(ctx.isa)).c_str());
     std::printf("tiles (%s): %s MC %lld KC %lld NC %lld, small problems to N %lld or K %lld, chain rows %lld; "
-                "attention BQ %lld BK %lld chunk %lld; threads from %lld FLOP / %lld elements\n",
+                "attention BQ %lld BK %lld chunk %lld; threads from %lld FLOP / %lld elements; transpose %s\n",
                 ctx.tiles_source.c_str(), t.gemm_ukernel.c_str(), static_cast<long long>(t.mc),
                 static_cast<long long>(t.kc), static_cast<long long>(t.nc), static_cast<long long>(t.sup_max_n),
                 static_cast<long long>(t.sup_max_k), static_cast<long long>(t.sup_chain_rows),
                 static_cast<long long>(t.attn_block_q), static_cast<long long>(t.attn_block_k),
                 static_cast<long long>(t.attn_kv_chunk), static_cast<long long>(t.parallel_min_flops),
-                static_cast<long long>(t.parallel_min_elems));
+                static_cast<long long>(t.parallel_min_elems), t.transpose.c_str());
 }
 
 void measure(const Context &ctx, Row r, double work, const std::function<void()> &ours,

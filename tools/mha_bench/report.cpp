@@ -1,8 +1,6 @@
 // mha-bench: the report, as a table or as JSON.
 #include <cstdio>
 
-#include "gemm/transpose_variant.hpp"
-
 #include "bench_tool.hpp"
 
 namespace mha::bench_tool {
@@ -15,8 +13,6 @@ void print_table(const Context &ctx, const std::vector<Row> &rows) {
     std::printf("\n");
     std::printf("anchors: oneDNN %s, OpenBLAS %s; environment: %s\n", bench::has_dnnl() ? "yes" : "not built",
                 bench::has_openblas() ? "yes" : "not built", bench::anchor_environment().c_str());
-    std::printf("mha: the register transposes (few-rows GEMM, packs): %s (MHA_TRANSPOSE)\n",
-                gemm::transpose_variant_name(gemm::transpose_variant()));
     print_machine(ctx);
     std::string suite;
     int shape_width = 20;  // wide enough for every shape (the serving shapes are longer)
@@ -120,7 +116,7 @@ void print_json(const Context &ctx, const std::vector<Row> &rows) {
     j["bandwidth_gbs"] = ctx.bandwidth.begin()->second;
     for (auto [t, b] : ctx.bandwidth) j["bandwidth_gbs_by_threads"][std::to_string(t)] = b;
     j["anchor_environment"] = bench::anchor_environment();
-    j["gemm_transpose"] = gemm::transpose_variant_name(gemm::transpose_variant());
+    j["gemm_transpose"] = ctx.tiles.transpose;
     json_machine(ctx, j);
     j["results"] = nlohmann::json::array();
     for (const auto &r : rows) {
