@@ -89,6 +89,8 @@ TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime a
     CHECK_FALSE(phases.at("transpose").count("gemm 1x2000x2000 NN"));  // nothing transposes there
     CHECK(phases.at("gemm").count("attention L1024 H8 D64"));
     CHECK(phases.at("gemm").count("gemm 1024x512x512 NT"));
+    REQUIRE(phases.count("attention"));
+    CHECK(phases.at("attention").count("decode Lk4096 H32/8 D128"));  // the key block serves decode too
     CHECK(phases.at("rows").count("gemm 1x2000x2000 NN"));
 
     const auto ok = run_tool("MHA_RUN", run_args(), true, "MHA_TILE_CONFIG=" + shell_quote(tmp / "t.json"));

@@ -1,10 +1,10 @@
 // mha-tune: searches tile parameters on this machine and writes the tile config the runtime reads.
 //
 // Like Highway's auto_tune, it only tries candidates that fit the caches it detects, and measures
-// each on the shapes that matter: the layer's projection GEMMs (E 512) and its attention, few-row
-// products, small calls. Each candidate is timed interleaved with the tiles it would replace
-// (candidate, baseline, candidate, ...), so the noise of a shared machine falls on both alike, and
-// scored by the geometric mean of its speedups.
+// each on the shapes that matter: the layer's projection GEMMs (E 512) and its attention, a decode
+// step, few-row products, small calls. Each candidate is timed interleaved with the tiles it would
+// replace (candidate, baseline, candidate, ...), so the noise of a shared machine falls on both
+// alike, and scored by the geometric mean of its speedups.
 // The GEMM blocking is searched first (microkernel, KC, NC, MC), then the attention tiles on the
 // best GEMM blocking, then the per-CPU choices on the tiles found so far: the rows a strip must
 // have at most to walk a B past L2 8 rows at a time (sup_chain_rows, on few-row products); the
@@ -114,6 +114,24 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         attn.push_back({2048, true});
     }
     for (auto [len, causal] : attn) attention_shape(len, causal, "attention", len == 1024, len == 1024);
+    // And a decode step (one query over 4096 cached tokens, H32 over 8 KV heads, D128), whose tiles
+    // follow the same attn_block_k (a row's bits depend on the tile boundaries, so prefill and decode
+    // share it). Xeon (model 207), 1 thread, BK 512 against 256: prefill L1024-2048 D64 1.01-1.03x,
+    // this step 0.99x, the paged-cache decode of mha-bench's serving suite (B16) 0.96-0.99x.
+    {
+        constexpr int64_t kLen = 4096, kHeads = 32, kKvHeads = 8, kDim = 128;
+        const float *q = buffer(static_cast<size_t>(kHeads * kDim), 0.01f);
+        const float *k = buffer(static_cast<size_t>(kLen * kKvHeads * kDim), 0.02f), *v = buffer(static_cast<size_t>(kLen * kKvHeads * kDim), 0.5f);
+        float *o = buffer(static_cast<size_t>(kHeads * kDim), 0.0f);
+        AttentionParams p;
+        p.batch = 1;
+        p.q_len = 1;
+        p.kv_len = kLen;
+        p.num_heads = kHeads;
+        p.num_kv_heads = kKvHeads;
+        p.head_dim = p.value_dim = kDim;
+        shapes.push_back({"decode Lk4096 H32/8 D128", "attention", [=](Runtime &rt) { attention(rt, p, q, k, v, o); }});
+    }
     // Few rows (decode's projections) against a B past L2, its rows not a multiple of 4 KiB apart
     // (where sup_chain_rows decides between the chain and the tiles; 4 KiB strides always chain).
     std::vector<G> rows = {{1, 2000, 2000}, {2, 3000, 768}, {4, 1500, 1000}};

@@ -34,11 +34,6 @@ struct TileConfig {
     // (0: only where B's rows lie a multiple of 4 KiB apart, as they always do). The bits never
     // depend on it.
     int64_t sup_chain_rows = 0;
-    // The register transpose of the transposing packs (B^T's panels, A^T's strips, the
-    // attention's K^T) and of the few-rows products against B^T: "shuffles" or "inserts" (see
-    // src/gemm/transpose_variant.hpp). The default is the CPU's: shuffles on AMD's cores, inserts
-    // on the others. MHA_TRANSPOSE overrides it for every runtime. The bits never depend on it.
-    std::string transpose;
     // Fused attention: query rows per head in one work item, and keys per score tile. (The
     // direct path for items of at most 12 rows per KV head, as in decode, always takes 16 keys
     // per tile; see src/attention/attention_shape.hpp.)
@@ -55,6 +50,11 @@ struct TileConfig {
     // softmax and Add & Norm. 0: every call uses every thread. The bits never depend on it.
     int64_t parallel_min_flops = 0;
     int64_t parallel_min_elems = 0;
+    // The register transpose of the transposing packs (B^T's panels, A^T's strips, the
+    // attention's K^T) and of the few-rows products against B^T: "shuffles" or "inserts" (see
+    // src/gemm/transpose_variant.hpp). The default is the CPU's: shuffles on AMD's cores, inserts
+    // on the others. MHA_TRANSPOSE overrides it for every runtime. The bits never depend on it.
+    std::string transpose;
 
     // Threads mha::Error(invalid_argument) naming the field when a value breaks a kernel constraint.
     void validate(Isa isa) const;
