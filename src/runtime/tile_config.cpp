@@ -96,7 +96,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 260 MiB L3. mha-tune now measures each once.) The same model on 2026-11-28, full search of the
     // 48, 1 thread (5.3 minutes): 14x32 0.945-0.993x, 6x64 0.927-1.014x (KC 768 NC 512), 8x48
     // 0.954-1.003x; 2 threads (6 minutes): 14x32 0.924-1.000x (KC 656 NC 576), 6x64 0.860-0.994x,
-    // 8x48 0.888-0.965x. Under the 2% bar both times: the defaults stand.
+    // 8x48 0.888-0.965x. Under the 2% bar both times: the defaults stand. Again at 11:22 that day
+    // (the searches with the transpose step and the decode shape), 1 / 2 threads: 14x32
+    // 0.959-0.992x / 0.924-0.999x, 6x64 0.932-0.982x / 0.864-1.018x, 8x48 0.937-0.971x /
+    // 0.889-0.968x.
     const bool zen5 = caches.amd && caches.family >= 0x1a && uk.isa == Isa::avx512;
     if (uk.isa == Isa::avx512) t.kc = std::clamp<int64_t>(round_down(caches.l1d * 7 / 12 / (uk.mr * f), 8), 64, 512);
     // NC: the KC x NC block of B, packed per thread, takes half of that core's L2.
@@ -144,12 +147,16 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // The newer Xeon (model 207, 2026-11-26 evening), full search, 1 / 2 threads: 0 0.993x /
     // 0.989x, 1 1.014x / 1.012x, 3 0.963x / 0.939x, 4 0.936x / 0.913x, 6 0.895x / 0.791x: 2 stays.
     // Again on 2026-11-28, 1 / 2 threads: 0 0.989x / 0.996x, 1 1.016x / 1.011x, 3 0.961x / 0.954x,
-    // 4 0.926x / 0.925x, 6 0.883x / 0.908x.
+    // 4 0.926x / 0.925x, 6 0.883x / 0.908x; at 11:22: 0 0.989x / 1.003x, 1 1.014x / 1.014x, 3
+    // 0.968x / 0.953x, 4 0.926x / 0.927x, 6 0.890x / 0.897x.
     t.sup_chain_rows = caches.amd ? 0 : uk.isa == Isa::avx512 ? 2 : 4;
     // The register transpose: shuffles on AMD's cores (two shuffle pipes; Zen 5 ran the inserts
     // 7-20% slower), inserts on Intel's (one shuffle port, which the FMAs share; model 207: the
     // attention's K^T 2-5% faster). The measurements are in gemm/transpose_variant.hpp; mha-tune
-    // searches this key (its transpose phase).
+    // searches this key (its transpose step). Its full search on the Xeon (model 207, 2026-11-28),
+    // 1 / 2 threads, the shuffles against the inserts: 0.900x / 0.894x (8x1536x512 NT 0.710x /
+    // 0.692x, 6x1536x512 NT 0.770x / 0.749x, attention L1024 H8 D64 0.989x / 0.987x, the NT
+    // projections 0.991-1.003x): the inserts stay.
     t.transpose = gemm::transpose_variant_name(caches.amd ? gemm::TransposeVariant::shuffles
                                                           : gemm::TransposeVariant::inserts);
     // Attention (FlashAttention's loop): a key step takes the item's rows one register panel at a
@@ -190,7 +197,12 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // 0.949-0.964x, BK 64 0.874-0.892x / 0.872-0.882x. BK 512 is the tuner's pick there (L1024-2048
     // prefill only); the default stays 256 for decode's sake, as above. Again on 2026-11-28, 1 / 2
     // threads: BK 512 1.010-1.021x / 1.014-1.025x, BK 256 0.989-1.008x / 0.995-1.027x (BQ 224 the
-    // 2-thread step's pick, then level with the defaults over all shapes, 1.00x: kept).
+    // 2-thread step's pick, then level with the defaults over all shapes, 1.00x: kept). Since
+    // then the tuner's attention step also times a decode step (one query, Lk 4096, H32/8, D128;
+    // there BK 512 0.99x, and the paged cache's decode of mha-bench's serving suite, B16, 0.96-0.99x):
+    // at 11:22, 1 / 2 threads, BK 512 1.006-1.012x / 0.999-1.018x (decode 0.991-0.993x /
+    // 0.991-0.999x), BK 256 0.993-0.999x / 0.992-0.999x, BK 128 0.968-0.978x / 0.970-0.977x, BK 64
+    // 0.915-0.935x / 0.926-0.934x: the tuner keeps 256 on its own now.
     // A sequence's last block under BQ / 2 rows shares the last two blocks evenly (Shape::block_start:
     // L128 as 64 + 64, not 112 + 16): Xeon, 1 thread, H8 D64, L128 +2.7-2.9%, causal +5.7%.
     t.attn_block_q = 8 * uk.mr;
@@ -249,7 +261,10 @@ TileConfig default_tile_config(Isa isa, const CacheSizes &caches) {
     // hypervisor more than the core. 256K a thread stays; mha-tune --threads 2 finds 128K on such
     // a host and writes it. Again on 2026-11-28 (2 threads, full search): 2 MFLOP 0.862x, 4 MFLOP
     // 0.956x, 16 MFLOP 0.997x, 32 MFLOP 0.982x; elements 64K 0.949x, 128K 1.016x, 512K 0.962x, 1M
-    // 0.847x: both stay.
+    // 0.847x: both stay. At 11:22: 2 MFLOP 0.878x, 4 MFLOP 0.958x, 16 MFLOP 0.944x, 32 MFLOP
+    // 0.930x; elements 64K 1.001x, 128K 1.021x (the step's pick; the whole set then 1.00x against the
+    // defaults over every shape), 512K 0.938x, 1M 0.857x. 128K cleared the 2% bar by 0.1% once in
+    // two searches: 256K stays.
     t.parallel_min_flops = zen5 ? int64_t{9} << 19 : int64_t{8} << 20;
     t.parallel_min_elems = int64_t{256} << 10;
     return t;
