@@ -14,6 +14,7 @@
 
 #include "mha/runtime.hpp"
 #include "mha/tile_config.hpp"
+#include "runtime/runtime_state.hpp"
 #include "mha/mha.h"
 
 namespace {
@@ -129,12 +130,18 @@ TEST_CASE("MHA_TRANSPOSE overrides every runtime's transpose or is refused; with
         mha_runtime_destroy(rt);
         rt = nullptr;
         tiles.transpose = std::string(name) == "inserts" ? "shuffles" : "inserts";  // the other one
-        CHECK(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}).tiles().transpose == name);
+        const mha::Runtime forced(mha::RuntimeOptions{1, {}, tiles, {}});
+        CHECK(forced.tiles().transpose == name);
+        CHECK(forced.state().inserts == (std::string(name) == "inserts"));  // what the kernels are given
+        tiles.transpose = "sideways";  // the tiles' own key is still checked
+        CHECK_THROWS_AS(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}), mha::Error);
     }
     unsetenv("MHA_TRANSPOSE");
     for (const char *name : {"shuffles", "inserts"}) {
         tiles.transpose = name;
-        CHECK(mha::Runtime(mha::RuntimeOptions{1, {}, tiles, {}}).tiles().transpose == name);
+        const mha::Runtime rt_tiles(mha::RuntimeOptions{1, {}, tiles, {}});
+        CHECK(rt_tiles.tiles().transpose == name);
+        CHECK(rt_tiles.state().inserts == (std::string(name) == "inserts"));
     }
 }
 

@@ -77,7 +77,8 @@ TEST_CASE("mha-tune writes a tile config and a CSV that read back; the runtime a
     CHECK(f.cpu == cpu_model_name());
     CHECK(f.date.size() == 20);
     // One thread: no threads phase. The GEMM candidates are scored on the attention too (their
-    // microkernel runs it), the rows phase on few-row products.
+    // microkernel runs it), the attention tiles on a decode step too, the rows phase on few-row
+    // products, the transpose on the calls that transpose.
     const auto phases = csv_phases(tmp / "t.csv");
     REQUIRE(phases.size() == 4);
     CHECK(phases.count("gemm"));
@@ -156,8 +157,21 @@ TEST_CASE("mha-tune --list prints each search's candidates once each and the sha
     // products, the attention's K^T, few rows against B^T) and on no other.
     REQUIRE(listed.at("transpose").size() == 1);
     CHECK(listed.at("transpose")[0] == std::string("transpose=") + (def.transpose == "inserts" ? "shuffles" : "inserts"));
-    CHECK(r.output.find("transpose: 1 candidate, each timed on gemm 2048x1536x512 NT") != std::string::npos);
-    CHECK(r.output.find("gemm 8x1536x512 NT") != std::string::npos);
+    const auto at = r.output.find("transpose: 1 candidate, each timed on gemm 2048x1536x512 NT");
+    REQUIRE(at != std::string::npos);
+    const std::string transpose_line = r.output.substr(at, r.output.find('\n', at) - at);
+    CHECK(transpose_line.find("gemm 8x1536x512 NT") != std::string::npos);
+    CHECK(transpose_line.find("attention L1024 H8 D64") != std::string::npos);
+    CHECK(transpose_line.find("NN") == std::string::npos);  // nothing transposes there
+
+    // MHA_TRANSPOSE overrides every runtime's transpose: no step for it, and its own shapes go.
+    const auto forced = run_tool("MHA_TUNE", "--list --threads 2", true, "MHA_PARALLEL_ALWAYS= MHA_ISA= MHA_TRANSPOSE=shuffles");
+    INFO(forced.output);
+    REQUIRE(forced.code == 0);
+    CHECK(forced.output.find("MHA_TRANSPOSE=shuffles overrides") != std::string::npos);
+    CHECK(forced.output.find("\ntranspose: ") == std::string::npos);
+    CHECK(forced.output.find("gemm 8x1536x512 NT") == std::string::npos);
+    CHECK(forced.output.find("\nrows: ") != std::string::npos);
 }
 
 TEST_CASE("a broken MHA_TILE_CONFIG stops mha-run, mha-tune and mha-bench with the file and the problem") {
@@ -358,9 +372,12 @@ TEST_CASE("mha-bench on two threads compares each row with one thread") {
 TEST_CASE("mha-bench records the few-rows GEMM's transpose, which MHA_TRANSPOSE picks or a bad value stops") {
     const char *args = "--quick --json --threads 1 --filter 'threads/softmax/32x128'";
     for (const char *name : {"shuffles", "inserts"}) {
-        const auto r = run_tool("MHA_BENCH", args, false, std::string("MHA_TRANSPOSE=") + name);
+        const auto r = run_tool("MHA_BENCH", args, false, std::string("MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG= MHA_TRANSPOSE=") + name);
         REQUIRE(r.code == 0);
-        CHECK(nlohmann::json::parse(r.output)["gemm_transpose"] == name);
+        const auto j = nlohmann::json::parse(r.output);
+        CHECK(j["gemm_transpose"] == name);
+        CHECK(j["tiles"]["transpose"] == name);
+        CHECK(j["tiles"]["source"] == "defaults + MHA_TRANSPOSE");
     }
     const auto bad = run_tool("MHA_BENCH", args, true, "MHA_TRANSPOSE=rotate");
     CHECK(bad.code != 0);
@@ -406,7 +423,7 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
     // config file nor MHA_PARALLEL_ALWAYS (which zeroes the thresholds) in the way.
     const char *isa_env = std::getenv("MHA_ISA");
     const Isa isa = isa_env && *isa_env ? parse_isa(isa_env).value() : best_isa();
-    const std::string clean = "MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG=";
+    const std::string clean = "MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG= MHA_TRANSPOSE=";
     const CacheSizes caches = detect_cache_sizes();
     const TileConfig defaults = default_tile_config(isa, caches);
     auto tiles_json = [&](const TileConfig &t) {
@@ -440,7 +457,7 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
     tuned.sup_max_k = tuned.kc;
     tuned.parallel_min_flops = int64_t{3} << 20;
     std::ofstream(tmp / "tuned.json") << tile_config_json(TileConfigFile{isa, "test", "", tuned});
-    const std::string env = "MHA_PARALLEL_ALWAYS= MHA_TILE_CONFIG=" + shell_quote(tmp / "tuned.json");
+    const std::string env = "MHA_PARALLEL_ALWAYS= MHA_TRANSPOSE= MHA_TILE_CONFIG=" + shell_quote(tmp / "tuned.json");
     const auto t = run_tool("MHA_BENCH", std::string(args) + " --json", false, env);
     REQUIRE(t.code == 0);
     auto tj = nlohmann::json::parse(t.output)["tiles"];
@@ -458,7 +475,7 @@ TEST_CASE("mha-bench names the machine and the tiles it ran with: the defaults, 
                             std::to_string(tuned.mc) + " KC " + std::to_string(tuned.kc) + " ") != std::string::npos);
 
     // MHA_PARALLEL_ALWAYS=1 zeroes the thresholds of every runtime, and the report says so.
-    const auto always = run_tool("MHA_BENCH", std::string(args) + " --json", false, "MHA_PARALLEL_ALWAYS=1 MHA_TILE_CONFIG=");
+    const auto always = run_tool("MHA_BENCH", std::string(args) + " --json", false, "MHA_PARALLEL_ALWAYS=1 MHA_TILE_CONFIG= MHA_TRANSPOSE=");
     REQUIRE(always.code == 0);
     const auto aj = nlohmann::json::parse(always.output)["tiles"];
     CHECK(aj["source"] == "defaults + MHA_PARALLEL_ALWAYS");

@@ -384,8 +384,16 @@ int tune(const cli::TuneOptions &o) {
     std::fprintf(stderr, "mha-tune: %s, %s, L1d %ld KiB, L2 %ld KiB, L3 %ld MiB, %d thread%s%s\n", cpu_model_name().c_str(),
                  std::string(isa_name(isa)).c_str(), static_cast<long>(caches.l1d >> 10), static_cast<long>(caches.l2 >> 10),
                  static_cast<long>(caches.l3 >> 20), o.threads, o.threads > 1 ? "s" : "", o.quick ? ", quick" : "");
+    // MHA_TRANSPOSE overrides the transpose of every runtime: nothing to choose between, and the
+    // shapes timed for that choice alone are left out.
+    const char *forced = std::getenv("MHA_TRANSPOSE");
+    const bool transposes = !(forced && *forced);
+    if (!transposes)
+        std::fprintf(stderr, "mha-tune: MHA_TRANSPOSE=%s overrides the tiles' transpose: not searching it (the config "
+                             "written records %s)\n", forced, forced);
     std::vector<std::vector<float>> store;
-    const auto shapes = make_shapes(o.quick, o.threads, store);
+    auto shapes = make_shapes(o.quick, o.threads, store);
+    if (!transposes) std::erase_if(shapes, [](const Shape &s) { return s.phase == "transpose"; });
     const double budget = o.quick ? 0.4 : 1.0;
 
     auto limit = [&](std::vector<TileConfig> v) {
@@ -401,11 +409,6 @@ int tune(const cli::TuneOptions &o) {
     if (o.threads > 1 && !thresholds)
         std::fprintf(stderr, "mha-tune: MHA_PARALLEL_ALWAYS=1 overrides parallel_min_flops and parallel_min_elems: "
                              "not searching them\n");
-    // MHA_TRANSPOSE overrides the transpose of every runtime: nothing to choose between.
-    const char *forced = std::getenv("MHA_TRANSPOSE");
-    const bool transposes = !(forced && *forced);
-    if (!transposes)
-        std::fprintf(stderr, "mha-tune: MHA_TRANSPOSE=%s overrides the tiles' transpose: not searching it\n", forced);
     auto later = [&](const TileConfig &t) {
         return limit(attention_candidates(caches, t, o.quick)).size() + limit(rows_candidates(t, o.quick)).size() +
                (transposes ? limit(transpose_candidates(t)).size() : 0) +
@@ -440,7 +443,7 @@ int tune(const cli::TuneOptions &o) {
         best.attn_block_k = t->attn_block_k;
         best.attn_kv_chunk = t->attn_kv_chunk;
     }
-    // The thresholds, each against the tiles found so far (the defaults, unless a phase above
+    // The per-CPU choices, each against the tiles found so far (the defaults, unless a step above
     // changed them), so a score is the key's own effect.
     const size_t first_rows = all.size();
     search("rows", limit(rows_candidates(best, o.quick)), shapes, base, best, budget, all, done, total);
@@ -494,6 +497,7 @@ int tune(const cli::TuneOptions &o) {
     f.cpu = cpu_model_name();
     f.date = now_utc();
     f.tiles = best;
+    if (!transposes) f.tiles.transpose = forced;  // what every measurement ran under
     parse_tile_config(tile_config_json(f), "(tuned)");  // what we write must read back
     if (!o.out.empty()) {
         std::ofstream out(o.out);

@@ -156,10 +156,11 @@ Runtime::Runtime(const RuntimeOptions &o) : state_(std::make_unique<detail::Runt
     if (const char *env = std::getenv("MHA_PARALLEL_ALWAYS"); env && std::string(env) == "1")
         s.tiles.parallel_min_flops = s.tiles.parallel_min_elems = 0;
     if (const char *env = std::getenv("MHA_POISON_SCRATCH"); env && std::string(env) == "1") s.pool.poison = true;
+    s.tiles.validate(s.isa);
     // MHA_TRANSPOSE: the register transpose of the GEMM's few-rows path against B^T and of the
     // transposing packs, over the tiles' (see gemm/transpose_variant.hpp); both give the same bits.
+    // (After validate: the tiles' own key must be good whatever the environment says.)
     gemm::apply_transpose_env(s.tiles.transpose);
-    s.tiles.validate(s.isa);
     s.sgemm = gemm::find_sgemm_kernel(s.tiles.gemm_ukernel);
     s.inserts = gemm::parse_transpose_variant(s.tiles.transpose) == gemm::TransposeVariant::inserts;
     s.softmax_kernels = &softmax_detail::softmax_kernels(s.isa);
