@@ -80,58 +80,59 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         store.emplace_back(n, v);
         return store.back().data();
     };
+    // C = A op(B) (B^T with transposed_b), named "gemm MxNxK NT" unless named.
+    auto gemm_shape = [&](int64_t m, int64_t n, int64_t k, bool transposed_b, const char *phase, bool transposes = false,
+                          std::string name = "") {
+        const float *a = buffer(static_cast<size_t>(m * k), 0.5f), *b = buffer(static_cast<size_t>(k * n), 0.25f);
+        float *c = buffer(static_cast<size_t>(m * n), 0.0f);
+        if (name.empty())
+            name = "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + (transposed_b ? " NT" : " NN");
+        const Trans tb = transposed_b ? Trans::T : Trans::N;
+        const int64_t ldb = transposed_b ? k : n;
+        shapes.push_back({name, phase, [=](Runtime &rt) { sgemm(rt, Trans::N, tb, m, n, k, 1.0f, a, k, b, ldb, 0.0f, c, n); },
+                          false, transposes});
+    };
+    // Attention over one sequence (q_len queries, kv_len keys), its name given.
+    auto attention_shape = [&](std::string name, const char *phase, int64_t q_len, int64_t kv_len, int64_t heads,
+                               int64_t kv_heads, int64_t dim, bool causal, bool kernel_probe, bool transposes) {
+        const float *q = buffer(static_cast<size_t>(q_len * heads * dim), 0.01f);
+        const float *k = buffer(static_cast<size_t>(kv_len * kv_heads * dim), 0.02f);
+        const float *v = buffer(static_cast<size_t>(kv_len * kv_heads * dim), 0.5f);
+        float *o = buffer(static_cast<size_t>(q_len * heads * dim), 0.0f);
+        AttentionParams p;
+        p.batch = 1;
+        p.q_len = q_len;
+        p.kv_len = kv_len;
+        p.num_heads = heads;
+        p.num_kv_heads = kv_heads;
+        p.head_dim = p.value_dim = dim;
+        p.causal = causal;
+        shapes.push_back({std::move(name), phase, [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, kernel_probe, transposes});
+    };
+    // Self-attention at H 8, D 64 over one sequence of len tokens.
+    auto layer_attention = [&](int64_t len, bool causal, const char *phase, bool probe_and_transposes) {
+        attention_shape("attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), phase, len, len, 8, 8,
+                        64, causal, probe_and_transposes, probe_and_transposes);
+    };
     // Projections of an E = 512 layer: Q, K and V in one GEMM, and the output projection.
     struct G {
         int64_t m, n, k;
     };
     std::vector<G> gemms = {{2048, 1536, 512}, {1024, 512, 512}};
     if (!quick) gemms.push_back({512, 1536, 512});
-    for (const G g : gemms) {
-        const float *a = buffer(static_cast<size_t>(g.m * g.k), 0.5f), *b = buffer(static_cast<size_t>(g.n * g.k), 0.25f);
-        float *c = buffer(static_cast<size_t>(g.m * g.n), 0.0f);
-        shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NT", "gemm",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, g.m, g.n, g.k, 1.0f, a, g.k, b, g.k, 0.0f, c, g.n); },
-                          false, true});
-    }
-    // Attention at H 8, D 64 over one sequence of len tokens.
-    auto attention_shape = [&](int64_t len, bool causal, const char *phase, bool kernel_probe, bool transposes) {
-        const size_t n = static_cast<size_t>(len * 8 * 64);
-        const float *q = buffer(n, 0.01f), *k = buffer(n, 0.02f), *v = buffer(n, 0.5f);
-        float *o = buffer(n, 0.0f);
-        AttentionParams p;
-        p.batch = 1;
-        p.q_len = p.kv_len = len;
-        p.num_heads = p.num_kv_heads = 8;
-        p.head_dim = p.value_dim = 64;
-        p.causal = causal;
-        shapes.push_back({"attention L" + std::to_string(len) + " H8 D64" + (causal ? " causal" : ""), phase,
-                          [=](Runtime &rt) { attention(rt, p, q, k, v, o); }, kernel_probe, transposes});
-    };
+    for (const G g : gemms) gemm_shape(g.m, g.n, g.k, true, "gemm", true);
     // Attention of the same layer.
     std::vector<std::pair<int64_t, bool>> attn = {{1024, false}};
     if (!quick) {
         attn.push_back({2048, false});
         attn.push_back({2048, true});
     }
-    for (auto [len, causal] : attn) attention_shape(len, causal, "attention", len == 1024, len == 1024);
+    for (auto [len, causal] : attn) layer_attention(len, causal, "attention", len == 1024);
     // And a decode step (one query over 4096 cached tokens, H32 over 8 KV heads, D128), whose tiles
     // follow the same attn_block_k (a row's bits depend on the tile boundaries, so prefill and decode
     // share it). Xeon (model 207), 1 thread, BK 512 against 256: prefill L1024-2048 D64 1.01-1.03x,
     // this step 0.99x, the paged-cache decode of mha-bench's serving suite (B16) 0.96-0.99x.
-    {
-        constexpr int64_t kLen = 4096, kHeads = 32, kKvHeads = 8, kDim = 128;
-        const float *q = buffer(static_cast<size_t>(kHeads * kDim), 0.01f);
-        const float *k = buffer(static_cast<size_t>(kLen * kKvHeads * kDim), 0.02f), *v = buffer(static_cast<size_t>(kLen * kKvHeads * kDim), 0.5f);
-        float *o = buffer(static_cast<size_t>(kHeads * kDim), 0.0f);
-        AttentionParams p;
-        p.batch = 1;
-        p.q_len = 1;
-        p.kv_len = kLen;
-        p.num_heads = kHeads;
-        p.num_kv_heads = kKvHeads;
-        p.head_dim = p.value_dim = kDim;
-        shapes.push_back({"decode Lk4096 H32/8 D128", "attention", [=](Runtime &rt) { attention(rt, p, q, k, v, o); }});
-    }
+    attention_shape("decode Lk4096 H32/8 D128", "attention", 1, 4096, 32, 8, 128, false, false, false);
     // Few rows (decode's projections) against a B past L2, its rows not a multiple of 4 KiB apart
     // (where sup_chain_rows decides between the chain and the tiles; 4 KiB strides always chain).
     std::vector<G> rows = {{1, 2000, 2000}, {2, 3000, 768}, {4, 1500, 1000}};
@@ -139,39 +140,21 @@ std::vector<Shape> make_shapes(bool quick, int threads, std::vector<std::vector<
         rows.push_back({3, 2000, 2000});
         rows.push_back({6, 2000, 1000});
     }
-    for (const G g : rows) {
-        const float *a = buffer(static_cast<size_t>(g.m * g.k), 0.5f), *b = buffer(static_cast<size_t>(g.k * g.n), 0.25f);
-        float *c = buffer(static_cast<size_t>(g.m * g.n), 0.0f);
-        shapes.push_back({"gemm " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + " NN", "rows",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, g.m, g.n, g.k, 1.0f, a, g.k, b, g.n, 0.0f, c, g.n); }});
-    }
+    for (const G g : rows) gemm_shape(g.m, g.n, g.k, false, "rows");
     // Few rows against B^T, each row count transposing its blocks in registers (macro_bt_rows: 5 to 9
     // rows on AVX-512, 5 to 8 on AVX2): decode's projections, B^T from L3.
-    for (const int64_t m : quick ? std::vector<int64_t>{8} : std::vector<int64_t>{6, 8}) {
-        const float *a = buffer(static_cast<size_t>(m * 512), 0.5f), *bt = buffer(static_cast<size_t>(1536 * 512), 0.25f);
-        float *c = buffer(static_cast<size_t>(m * 1536), 0.0f);
-        shapes.push_back({"gemm " + std::to_string(m) + "x1536x512 NT", "transpose",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, m, 1536, 512, 1.0f, a, 512, bt, 512, 0.0f, c, 1536); }});
-    }
+    for (const int64_t m : quick ? std::vector<int64_t>{8} : std::vector<int64_t>{6, 8}) gemm_shape(m, 1536, 512, true, "transpose");
     if (threads == 1) return shapes;
     // Small calls around the break-even of a second thread: sgemm n^3 (4.2 to 33.5 MFLOP) and
     // attention H8 D64 (4.7 to 18.9 MFLOP).
-    for (const int64_t n : quick ? std::vector<int64_t>{128, 192} : std::vector<int64_t>{128, 160, 192, 256}) {
-        const float *a = buffer(static_cast<size_t>(n * n), 0.5f), *b = buffer(static_cast<size_t>(n * n), 0.25f);
-        float *c = buffer(static_cast<size_t>(n * n), 0.0f);
-        shapes.push_back({"gemm " + std::to_string(n) + "^3 NN", "threads",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::N, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); }});
-    }
+    for (const int64_t n : quick ? std::vector<int64_t>{128, 192} : std::vector<int64_t>{128, 160, 192, 256})
+        gemm_shape(n, n, n, false, "threads", false, "gemm " + std::to_string(n) + "^3 NN");
     for (const int64_t len : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{48, 64, 96})
-        attention_shape(len, false, "threads", false, false);
+        layer_attention(len, false, "threads", false);
     // Calls that read more than they compute, whose stream the same key prices
     // (RuntimeState::work_with_stream): one row against B^T n x 512, 0.5 to 1 million floats.
-    for (const int64_t n : quick ? std::vector<int64_t>{1536} : std::vector<int64_t>{1024, 1536, 2048}) {
-        const float *a = buffer(512, 0.5f), *bt = buffer(static_cast<size_t>(n * 512), 0.25f);
-        float *c = buffer(static_cast<size_t>(n), 0.0f);
-        shapes.push_back({"gemm 1x" + std::to_string(n) + "x512 NT", "threads",
-                          [=](Runtime &rt) { sgemm(rt, Trans::N, Trans::T, 1, n, 512, 1.0f, a, 512, bt, 512, 0.0f, c, n); }});
-    }
+    for (const int64_t n : quick ? std::vector<int64_t>{1536} : std::vector<int64_t>{1024, 1536, 2048})
+        gemm_shape(1, n, 512, true, "threads");
     // Elementwise work around its break-even: softmax over 128 columns, 64K to 1M elements.
     for (const int64_t rows : quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192}) {
         const float *x = buffer(static_cast<size_t>(rows * 128), 0.5f);
